@@ -1,0 +1,204 @@
+"""Transition size N_tr(L) ± ΔN (eq. 9) and the optimal depth and width for a budget.
+
+With the fitted transition width d = e^a·e^{bL}, the size at which depth L
+stops being too shallow is N_tr(L) = 12·L·e^{2a}·e^{2bL} parameters. Its error
+comes from first-order propagation with the full covariance of (a, b), using
+∂N/∂a = 2N and ∂N/∂b = 2L·N. Above the curve a net is too shallow for its
+size; below it, too deep. So the best depth for a budget N is the root of
+N_tr(L) = N, and the best width is sqrt(N / (12·L)). The roots of
+N_tr(L) ± ΔN(L) = N bound that depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import brentq
+
+from analysis.fit import LogWidthFit, load_fit
+from analysis.results import AnalysisInputError
+
+# Eq. 10 of Levine et al. 2020, with their reported goodness of fit.
+FIT_PRESETS = {
+    "levine2020": LogWidthFit(a=5.039, b=5.55e-2, cov=((9.4e-4, -3.74e-5), (-3.74e-5, 1.7e-6)),
+                              name="levine2020", r2=0.998, chi2_red=0.854, n_points=6),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A parameter budget (non-embedding parameters), optionally with the shape it was trained at."""
+
+    name: str
+    params: float
+    trained_depth: int | None = None
+    trained_width: int | None = None
+
+    @classmethod
+    def from_shape(cls, name: str, depth: int, width: int) -> "Budget":
+        """Budget of a trained shape: N = 12·L·d² parameters."""
+        return cls(name, 12.0 * depth * width ** 2, depth, width)
+
+
+# Table 1's sizes are 12·L·d² of each trained shape (not the headline counts).
+BUDGET_PRESETS = {
+    "gpt3": (
+        Budget.from_shape("GPT-3 Small", 12, 768),
+        Budget.from_shape("GPT-3 Medium", 24, 1024),
+        Budget.from_shape("GPT-3 Large", 24, 1536),
+        Budget.from_shape("GPT-3 XL", 24, 2048),
+        Budget.from_shape("GPT-3 2.7B", 32, 2560),
+        Budget.from_shape("GPT-3 6.7B", 32, 4096),
+        Budget.from_shape("GPT-3 13B", 40, 5140),
+        Budget.from_shape("GPT-3 175B", 96, 12288),
+        Budget("1T budget", 1e12),
+    ),
+    "gpt2": (
+        Budget.from_shape("GPT-2 Small", 12, 768),
+        Budget.from_shape("GPT-2 Medium", 24, 1024),
+        Budget.from_shape("GPT-2 Large", 36, 1280),
+        Budget.from_shape("GPT-2 XL", 48, 1600),
+    ),
+}
+
+_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_params(text: str) -> float:
+    """Parse a parameter count: ``175e9``, ``1.3B``, ``800M``, ``2T``, ``50k`` -> parameters."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
+    if not match:
+        raise AnalysisInputError(f"cannot read {text!r} as a parameter count (try 175e9, 1.3B or 800M)")
+    value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+    if not value > 0 or not math.isfinite(value):
+        raise AnalysisInputError(f"parameter count must be positive, got {text!r}")
+    return value
+
+
+def resolve_fit(spec) -> LogWidthFit:
+    """A fit from a preset name (e.g. ``levine2020``), a JSON path, or a ``LogWidthFit``."""
+    if isinstance(spec, LogWidthFit):
+        return spec
+    if spec in FIT_PRESETS:
+        return FIT_PRESETS[spec]
+    if str(spec).endswith(".json") or Path(str(spec)).exists():
+        return load_fit(spec)
+    raise AnalysisInputError(
+        f"unknown fit {spec!r}: use a preset ({', '.join(FIT_PRESETS)}) or a JSON file saved by `fit --save`")
+
+
+def transition_params(depth, fit: LogWidthFit):
+    """N_tr(L) = 12·L·e^{2a}·e^{2bL} in parameters, at depth L (layers); broadcasts."""
+    depth = np.asarray(depth, dtype=float)
+    return 12.0 * depth * np.exp(2.0 * fit.log_width(depth))
+
+
+def transition_params_error(depth, fit: LogWidthFit):
+    """ΔN_tr(L) in parameters: eq. 9's first-order error with the full (a, b) covariance."""
+    depth = np.asarray(depth, dtype=float)
+    size = transition_params(depth, fit)
+    # ∂N/∂a = 2N and ∂N/∂b = 2L·N, so ΔN = 2N·sqrt(σ_a² + 2L·σ_ab + L²·σ_b²).
+    return 2.0 * size * fit.log_width_error(depth)
+
+
+def _root_in_depth(gap, max_depth: float = 1e4) -> float:
+    """Smallest depth in (0, max_depth] where ``gap`` changes sign from < 0 to >= 0; nan if none."""
+    grid = np.concatenate([np.geomspace(1e-3, 1.0, 30, endpoint=False), np.linspace(1.0, max_depth, 20000)])
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = gap(grid)
+    change = np.flatnonzero((values[:-1] < 0) & (values[1:] >= 0))
+    if change.size == 0:
+        return math.nan
+    i = int(change[0])
+    return float(brentq(gap, grid[i], grid[i + 1], xtol=1e-10))
+
+
+def _nearest_depth(centre: float, params: float, fit: LogWidthFit) -> int:
+    """The integer depth next to the root whose N_tr is nearest the budget, in parameters.
+
+    This is the paper's own reading ("L = 80, since N_tr(80) = 1.65e11" for a
+    175B budget). It agrees with rounding the root except in a thin band just
+    above a half layer (175e9 itself has root 80.51: N_tr(80) misses by 10.7B,
+    N_tr(81) by 10.9B), where the choice is far inside the ±ΔN depth range.
+    """
+    candidates = sorted({max(1, math.floor(centre)), max(1, math.ceil(centre))})
+    return min(candidates, key=lambda depth: abs(float(transition_params(depth, fit)) - params))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimalShape:
+    """Optimal depth (layers) and width (channels) for a budget of ``params`` parameters.
+
+    ``depth`` is the integer depth next to the continuous root
+    ``depth_continuous`` whose N_tr is nearest N; ``width`` = sqrt(N / (12·depth)). ``depth_low`` and
+    ``depth_high`` solve N_tr ± ΔN = N (nan if no root). ``n_transition`` and
+    ``delta_n`` are N_tr and ΔN at the integer depth.
+    """
+
+    params: float
+    depth: int
+    depth_continuous: float
+    width: float
+    depth_low: float
+    depth_high: float
+    n_transition: float
+    delta_n: float
+    fit: str
+    a: float
+    b: float
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (nan becomes None)."""
+        return {key: (None if isinstance(value, float) and not math.isfinite(value) else value)
+                for key, value in dataclasses.asdict(self).items()}
+
+
+def optimal_shape(params: float, fit: LogWidthFit) -> OptimalShape:
+    """Optimal depth and width for ``params`` non-embedding parameters under ``fit``."""
+    if not params > 0:
+        raise AnalysisInputError(f"parameter count must be positive, got {params}")
+    if not fit.b > 0:
+        raise AnalysisInputError(f"fit {fit.name} has b = {fit.b:.3g} <= 0: N_tr(L) does not grow with depth")
+    log_n = math.log(params)
+    centre = _root_in_depth(lambda d: np.log(transition_params(d, fit)) - log_n)
+    if not math.isfinite(centre):
+        raise AnalysisInputError(f"no depth up to 10,000 layers has N_tr(L) = {params:.3g}")
+    depth = _nearest_depth(centre, params, fit)
+
+    def band(sign):
+        return lambda d: transition_params(d, fit) + sign * transition_params_error(d, fit) - params
+
+    return OptimalShape(
+        params=float(params), depth=depth, depth_continuous=centre,
+        width=float(math.sqrt(params / (12.0 * depth))),
+        depth_low=_root_in_depth(band(+1)), depth_high=_root_in_depth(band(-1)),
+        n_transition=float(transition_params(depth, fit)),
+        delta_n=float(transition_params_error(depth, fit)),
+        fit=fit.name, a=fit.a, b=fit.b)
+
+
+def resolve_budgets(preset: str):
+    """The budgets of a named preset (e.g. ``gpt3``)."""
+    if preset not in BUDGET_PRESETS:
+        raise AnalysisInputError(f"unknown budget preset {preset!r}; choose from {', '.join(BUDGET_PRESETS)}")
+    return BUDGET_PRESETS[preset]
+
+
+def optimal_table(budgets, fit: LogWidthFit) -> list[dict]:
+    """One row per budget: name, params, trained and optimal depth/width, depth range.
+
+    Widths in channels, depths in layers, params in non-embedding parameters.
+    """
+    rows = []
+    for budget in budgets:
+        shape = optimal_shape(budget.params, fit)
+        rows.append({"name": budget.name, "params": budget.params,
+                     "trained_depth": budget.trained_depth, "trained_width": budget.trained_width,
+                     "optimal_depth": shape.depth, "optimal_width": shape.width,
+                     "optimal_depth_continuous": shape.depth_continuous,
+                     "depth_low": shape.to_dict()["depth_low"], "depth_high": shape.to_dict()["depth_high"]})
+    return rows

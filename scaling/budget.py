@@ -1,0 +1,152 @@
+"""Parameter budgets: the 12·L·d² accounting every sweep, table and fit uses.
+
+One self-attention layer of width d has 4·d² attention weights (query, key,
+value, output) and 8·d² feed-forward weights (d -> 4d -> d), so depth L gives
+the *non-embedding* size N = 12·L·d². Embeddings (token, position,
+unembedding) and the small LayerNorm / bias vectors are counted separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scaling.config import ModelConfig
+
+# Parameter-tree names that hold the 12·d² per layer.
+_CORE_MODULES = ("attention", "mlp")
+_EMBEDDING_NAMES = ("token_embedding", "position_embedding", "unembedding")
+
+
+def non_embedding_params(depth: int, width: int) -> int:
+    """N = 12·L·d² in parameters, for ``depth`` layers of ``width`` channels."""
+    if depth < 1 or width < 1:
+        raise ValueError(f"depth and width must be >= 1, got depth={depth}, width={width}")
+    return 12 * int(depth) * int(width) ** 2
+
+
+def abstract_params(config: ModelConfig) -> dict:
+    """The parameter tree as ``jax.ShapeDtypeStruct`` leaves, without allocating it."""
+    import flax.linen as nn
+
+    from scaling.model import Transformer
+
+    tokens = jax.ShapeDtypeStruct((1, min(config.max_seq_len, 8)), jnp.int32)
+    variables = jax.eval_shape(lambda t: Transformer(config).init(jax.random.PRNGKey(0), t), tokens)
+    return nn.unbox(variables["params"])
+
+
+def _path_names(path) -> list[str]:
+    return [str(getattr(entry, "key", getattr(entry, "name", entry))) for entry in path]
+
+
+def count_params(model_config: ModelConfig) -> dict:
+    """Exact parameter counts of the real parameter tree, by group.
+
+    Returns ``{"non_embedding", "embedding", "other", "total"}`` in parameters:
+    ``non_embedding`` sums the attention and feed-forward kernels (12·L·d² for
+    the default feed-forward multiplier of 4), ``embedding`` the token,
+    position and unembedding tables, ``other`` LayerNorm scales/offsets and
+    biases. Uses ``jax.eval_shape``, so a 175B-parameter shape costs no memory.
+    """
+    counts = {"non_embedding": 0, "embedding": 0, "other": 0}
+    leaves = jax.tree_util.tree_flatten_with_path(abstract_params(model_config))[0]
+    for path, leaf in leaves:
+        names = _path_names(path)
+        size = int(np.prod(leaf.shape, dtype=np.int64))
+        if names[-1] == "kernel" and any(module in names for module in _CORE_MODULES):
+            counts["non_embedding"] += size
+        elif any(name in _EMBEDDING_NAMES for name in names):
+            counts["embedding"] += size
+        else:
+            counts["other"] += size
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def width_for_budget(depth: int, params: float, multiple_of: int = 64) -> int:
+    """The width (a positive multiple of ``multiple_of`` channels) whose 12·L·d² is nearest ``params``.
+
+    Nearness is measured in log N, so a budget between two candidate widths
+    goes to the one within the smaller factor. Raises ``ValueError`` when even
+    the narrowest allowed width overshoots the budget by more than 2×.
+    """
+    if not isinstance(depth, (int, np.integer)) or depth < 1:
+        raise ValueError(f"depth={depth!r} is invalid: allowed an integer >= 1")
+    if not (params > 0) or not math.isfinite(params):
+        raise ValueError(f"params={params!r} is invalid: allowed a positive, finite parameter count")
+    if not isinstance(multiple_of, (int, np.integer)) or multiple_of < 1:
+        raise ValueError(f"multiple_of={multiple_of!r} is invalid: allowed an integer >= 1")
+    ideal = math.sqrt(params / (12 * depth))
+    low = max(1, math.floor(ideal / multiple_of)) * multiple_of
+    high = low + multiple_of
+    candidates = [w for w in (low, high) if w >= multiple_of]
+    best = min(candidates, key=lambda w: abs(math.log(non_embedding_params(depth, w) / params)))
+    if non_embedding_params(depth, best) > 2 * params:
+        raise ValueError(
+            f"budget params={params:.3g} is too small for depth={depth}: the narrowest width "
+            f"{multiple_of} already gives 12·L·d² = {non_embedding_params(depth, multiple_of):.3g}")
+    return best
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One (depth, width) shape of a budget grid; ``params`` is its realised 12·L·d²."""
+
+    depth: int
+    width: int
+    params: int
+    budget: float
+
+    def __iter__(self):  # unpacks as (depth, width, params)
+        return iter((self.depth, self.width, self.params))
+
+
+class Grid(list):
+    """A list of ``GridPoint``; ``skipped`` holds (depth, budget, reason) for budgets a depth cannot meet."""
+
+    def __init__(self, points=(), skipped=()):
+        super().__init__(points)
+        self.skipped = list(skipped)
+
+
+def grid(depths, budgets, multiple_of: int = 64) -> Grid:
+    """All (depth, width, realised N) shapes for ``depths`` × ``budgets`` (parameters).
+
+    Widths come from ``width_for_budget``. Shapes that two budgets round to
+    are kept once. A budget too small for a depth is recorded in
+    ``.skipped`` with the reason (and is not an error), so a sweep can report it.
+    """
+    if not depths or not budgets:
+        raise ValueError("grid needs at least one depth and one budget")
+    result, seen = Grid(), set()
+    for depth in sorted(set(depths)):
+        for budget in sorted(budgets):
+            try:
+                width = width_for_budget(depth, budget, multiple_of)
+            except ValueError as error:
+                if "too small" not in str(error):
+                    raise
+                result.skipped.append((depth, budget, str(error)))
+                continue
+            if (depth, width) not in seen:
+                seen.add((depth, width))
+                result.append(GridPoint(depth, width, non_embedding_params(depth, width), budget))
+    return result
+
+
+def rounding_tolerance(width: int, multiple_of: int) -> float:
+    """The largest factor by which a grid shape's 12·L·d² may differ from its budget.
+
+    The chosen width is the multiple of m = ``multiple_of`` nearest the ideal
+    width in log space, so the ideal lies within one step of it and N is off
+    by at most d / (d - m) in either direction. At the narrowest width the
+    budget may be up to 2× smaller (beyond that the budget is rejected).
+    """
+    if width <= multiple_of:
+        return 2.0
+    return width / (width - multiple_of)

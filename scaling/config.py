@@ -1,0 +1,334 @@
+"""Typed, frozen configuration for one training run.
+
+Every dataclass validates itself in ``__post_init__`` and raises ``ValueError``
+naming the offending field and the allowed values, so a bad sweep fails at
+construction time, long before anything is compiled.
+
+Units: widths and head sizes are in channels, sequence lengths in tokens,
+batch sizes in sequences (global, across all hosts), learning rates are the
+peak AdamW step size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any
+
+
+def _require(ok: bool, field: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{field}={value!r} is invalid: allowed {allowed}")
+
+
+def _choice(field: str, value: Any, options: tuple) -> None:
+    _require(value in options, field, "one of " + ", ".join(map(repr, options)), value)
+
+
+def _tuplify(value):
+    if isinstance(value, list):
+        return tuple(_tuplify(v) for v in value)
+    return value
+
+
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and options of one transformer language model.
+
+    ``depth`` is the number of self-attention layers L, ``width`` the residual
+    width d_x. Exactly one of ``num_heads`` / ``head_dim`` decides the head
+    split: ``num_heads`` wins when given, otherwise heads = width // head_dim.
+    """
+
+    depth: int = 2
+    width: int = 64
+    num_heads: int | None = None
+    head_dim: int = 64
+    ff_multiplier: int = 4
+    vocab_size: int = 260
+    max_seq_len: int = 256
+    objective: str = "causal"  # causal | masked
+    mask_rate: float = 0.15  # masked objective only: fraction of positions predicted
+    norm: str = "pre"  # pre | post
+    activation: str = "relu"  # relu | gelu
+    position: str = "learned"  # learned | sinusoidal
+    attention_scale: str = "standard"  # standard | log_length
+    use_bias: bool = False
+    tie_embeddings: bool = False
+    dropout: float = 0.0
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        _require(isinstance(self.depth, int) and self.depth >= 1, "depth", "an integer >= 1", self.depth)
+        _require(isinstance(self.width, int) and self.width >= 1, "width", "an integer >= 1", self.width)
+        if self.num_heads is not None:
+            _require(self.num_heads >= 1, "num_heads", "an integer >= 1 or None", self.num_heads)
+            _require(self.width % self.num_heads == 0, "num_heads",
+                     f"a divisor of width={self.width}", self.num_heads)
+        else:
+            _require(self.head_dim >= 1, "head_dim", "an integer >= 1", self.head_dim)
+            _require(self.width % self.head_dim == 0 or self.width < self.head_dim, "head_dim",
+                     f"a divisor of width={self.width} (or larger than width, giving one head)",
+                     self.head_dim)
+        _require(self.ff_multiplier >= 1, "ff_multiplier", "an integer >= 1", self.ff_multiplier)
+        _require(self.vocab_size >= 2, "vocab_size", "an integer >= 2", self.vocab_size)
+        _require(self.max_seq_len >= 1, "max_seq_len", "an integer >= 1", self.max_seq_len)
+        _choice("objective", self.objective, ("causal", "masked"))
+        _require(0.0 < self.mask_rate < 1.0, "mask_rate", "a fraction in (0, 1)", self.mask_rate)
+        _choice("norm", self.norm, ("pre", "post"))
+        _choice("activation", self.activation, ("relu", "gelu"))
+        _choice("position", self.position, ("learned", "sinusoidal"))
+        _choice("attention_scale", self.attention_scale, ("standard", "log_length"))
+        _require(0.0 <= self.dropout < 1.0, "dropout", "a probability in [0, 1)", self.dropout)
+        _choice("param_dtype", self.param_dtype, ("float32", "bfloat16"))
+        _choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
+        _choice("remat", self.remat, REMAT_POLICIES)
+        _require(self.init_std > 0, "init_std", "a positive float", self.init_std)
+
+    @property
+    def heads(self) -> int:
+        if self.num_heads is not None:
+            return self.num_heads
+        return max(1, self.width // self.head_dim)
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def ff_width(self) -> int:
+        return self.ff_multiplier * self.width
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where tokens come from and how they are cut into sequences.
+
+    ``source``: ``builtin`` (the offline English corpus shipped with the
+    package), ``hub`` (a Hugging Face dataset, streamed), ``local`` (text /
+    jsonl / parquet files), or a synthetic task: ``parity``, ``first``
+    (classification, seed 003) or ``lookback`` (an LM task whose long-range
+    dependency distance is controlled by ``lookback_distance``).
+    ``tokenizer``: ``byte`` (default, no files), ``bpe`` (trained on the
+    corpus and cached beside it) or ``hf:NAME_OR_PATH``.
+    """
+
+    source: str = "builtin"
+    hub_name: str = ""
+    hub_config: str = ""
+    hub_split: str = "train"
+    paths: tuple[str, ...] = ()
+    text_field: str = "text"
+    max_documents: int = 100_000  # hub and local sources: documents read from the stream
+    validation_fraction: float = 0.02  # by document, for sources without a split
+    tokenizer: str = "byte"
+    bpe_vocab_size: int = 4096
+    seq_len: int = 128  # tokens per training sequence
+    synthetic_min_length: int = 8
+    synthetic_max_length: int = 32
+    synthetic_eval_min_length: int = 8
+    synthetic_eval_max_length: int = 32
+    lookback_distance: int = 16
+    cache_dir: str = ""
+
+    def __post_init__(self):
+        _choice("source", self.source, ("builtin", "hub", "local", "parity", "first", "lookback"))
+        if self.source == "hub":
+            _require(bool(self.hub_name), "hub_name", "a dataset name or path when source='hub'", self.hub_name)
+        if self.source == "local":
+            _require(len(self.paths) > 0, "paths", "at least one file when source='local'", self.paths)
+        _require(self.max_documents >= 2, "max_documents", "an integer >= 2", self.max_documents)
+        _require(0.0 < self.validation_fraction < 0.5, "validation_fraction", "a fraction in (0, 0.5)",
+                 self.validation_fraction)
+        _require(self.tokenizer in ("byte", "bpe") or self.tokenizer.startswith("hf:"), "tokenizer",
+                 "'byte', 'bpe' or 'hf:NAME_OR_PATH'", self.tokenizer)
+        _require(self.bpe_vocab_size >= 300, "bpe_vocab_size", "an integer >= 300", self.bpe_vocab_size)
+        _require(self.seq_len >= 2, "seq_len", "an integer >= 2", self.seq_len)
+        _require(1 <= self.synthetic_min_length <= self.synthetic_max_length, "synthetic_max_length",
+                 f">= synthetic_min_length={self.synthetic_min_length} >= 1", self.synthetic_max_length)
+        _require(1 <= self.synthetic_eval_min_length <= self.synthetic_eval_max_length,
+                 "synthetic_eval_max_length",
+                 f">= synthetic_eval_min_length={self.synthetic_eval_min_length} >= 1",
+                 self.synthetic_eval_max_length)
+        _require(self.lookback_distance >= 1, "lookback_distance", "an integer >= 1", self.lookback_distance)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with warmup then decay, and the learning-rate rule across widths.
+
+    ``lr_rule``:
+    - ``constant``: every shape uses ``peak_lr``;
+    - ``width_scaled``: ``peak_lr * base_width / width`` for all parameters;
+    - ``mup``: μP-style per-layer rates: hidden matrices (attention and
+      feed-forward kernels) get ``peak_lr * base_width / width``, embeddings,
+      norms and biases keep ``peak_lr``.
+    """
+
+    peak_lr: float = 3e-3
+    lr_rule: str = "constant"
+    base_width: int = 64  # width at which the rule gives exactly peak_lr
+    warmup_steps: int = 50
+    schedule: str = "cosine"  # cosine | linear | constant
+    end_lr_fraction: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global-norm clip; 0 disables
+
+    def __post_init__(self):
+        _require(self.peak_lr > 0, "peak_lr", "a positive float", self.peak_lr)
+        _choice("lr_rule", self.lr_rule, ("constant", "width_scaled", "mup"))
+        _require(self.base_width >= 1, "base_width", "an integer >= 1", self.base_width)
+        _require(self.warmup_steps >= 0, "warmup_steps", "an integer >= 0", self.warmup_steps)
+        _choice("schedule", self.schedule, ("cosine", "linear", "constant"))
+        _require(0.0 <= self.end_lr_fraction <= 1.0, "end_lr_fraction", "a fraction in [0, 1]",
+                 self.end_lr_fraction)
+        _require(self.weight_decay >= 0, "weight_decay", "a float >= 0", self.weight_decay)
+        _require(0 <= self.beta1 < 1, "beta1", "a float in [0, 1)", self.beta1)
+        _require(0 <= self.beta2 < 1, "beta2", "a float in [0, 1)", self.beta2)
+        _require(self.grad_clip >= 0, "grad_clip", "a float >= 0 (0 disables)", self.grad_clip)
+
+
+# Logical axis names used by scaling.model, mapped to mesh axes. A value of
+# None replicates that dimension. "batch" is an activation axis.
+DEFAULT_SHARDING_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("layers", None),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("norm", None),
+    ("qkv", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh shape. One of the axes may be -1, meaning "all the rest"."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    rules: tuple[tuple[str, Any], ...] = DEFAULT_SHARDING_RULES
+
+    def __post_init__(self):
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            _require(size == -1 or size >= 1, f"mesh.{name}", "-1 or an integer >= 1", size)
+        _require(sum(size == -1 for size in sizes.values()) <= 1, "mesh",
+                 "at most one axis equal to -1", sizes)
+        object.__setattr__(self, "rules", tuple((str(k), _tuplify(v)) for k, v in self.rules))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs. Budgets: ``steps`` optimizer steps of
+    ``batch_size`` sequences of ``data.seq_len`` tokens each."""
+
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    mesh: MeshConfig = MeshConfig()
+    seed: int = 0  # sets initialisation, data order and masking
+    steps: int = 300
+    batch_size: int = 16
+    eval_every: int = 100  # 0: evaluate only at the end
+    eval_batches: int = 8
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    peak_flops: float = 2.2e11  # per device, for MFU; measured matmul peak of the dev CPU
+    wandb_mode: str = "auto"  # auto (online only if an API key is set) | offline | online | disabled
+    wandb_project: str = "depth-width-scaling"
+    sweep_name: str = ""  # wandb group
+    name: str = ""
+
+    def __post_init__(self):
+        _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
+        _require(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)
+        _require(self.eval_every >= 0, "eval_every", "an integer >= 0", self.eval_every)
+        _require(self.eval_batches >= 1, "eval_batches", "an integer >= 1", self.eval_batches)
+        _require(self.checkpoint_every >= 1, "checkpoint_every", "an integer >= 1", self.checkpoint_every)
+        _require(self.keep_checkpoints >= 1, "keep_checkpoints", "an integer >= 1", self.keep_checkpoints)
+        _require(self.log_every >= 1, "log_every", "an integer >= 1", self.log_every)
+        _require(self.peak_flops > 0, "peak_flops", "a positive FLOP/s figure", self.peak_flops)
+        _choice("wandb_mode", self.wandb_mode, ("auto", "offline", "online", "disabled"))
+        _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
+                 f"<= model.max_seq_len={self.model.max_seq_len}", self.data.seq_len)
+
+
+# ---------------------------------------------------------------------------
+# dict / JSON round trip and dotted overrides (``--set optim.peak_lr=1e-3``)
+
+
+def to_dict(config) -> dict:
+    """A JSON-ready nested dict of a config dataclass."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def from_dict(cls, data: dict):
+    """Build ``cls`` (a config dataclass) from a nested dict, rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"unknown field(s) {sorted(unknown)} for {cls.__name__}: allowed {sorted(names)}")
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value)
+        kwargs[key] = _tuplify(value)
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str, current: Any):
+    if isinstance(current, bool):
+        if text.lower() in ("1", "true", "yes"):
+            return True
+        if text.lower() in ("0", "false", "no"):
+            return False
+        raise ValueError(f"expected a boolean, got {text!r}")
+    if isinstance(current, int) and not isinstance(current, bool):
+        return int(float(text)) if "e" in text.lower() else int(text)
+    if isinstance(current, float):
+        return float(text)
+    if isinstance(current, tuple):
+        return tuple(part for part in text.split(",") if part)
+    if current is None:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    return text
+
+
+def override(config, assignments: list[str]):
+    """Apply ``key.sub=value`` strings to a config, returning a new validated one."""
+    data = to_dict(config)
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ValueError(f"override {assignment!r} must look like key=value, e.g. optim.peak_lr=1e-3")
+        key, text = assignment.split("=", 1)
+        node, parts = data, key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise ValueError(f"override {key!r}: {part!r} is not a config section")
+            node = node[part]
+        if parts[-1] not in node:
+            raise ValueError(f"override {key!r}: unknown field {parts[-1]!r}; allowed {sorted(node)}")
+        node[parts[-1]] = _parse_scalar(text, node[parts[-1]])
+    return from_dict(type(config), data)

@@ -1,0 +1,296 @@
+"""A transformer language model in Flax Linen, written to be read in one sitting.
+
+One ``Transformer`` covers both objectives of the seeds:
+- ``causal``: GPT-style next-token prediction, causal self-attention;
+- ``masked``: BERT-style masked-LM, bidirectional self-attention; the batch
+  is masked on device by ``mask_for_mlm`` and only masked positions count.
+
+Each layer is the paper's block: multi-head softmax attention scaled by
+1/sqrt(d_a), then a position-wise feed-forward of width ``ff_multiplier * d``,
+each with a residual connection and LayerNorm (pre- or post-norm). With the
+default ``ff_multiplier=4`` and no biases, one layer holds exactly 12·d²
+weights in its attention and feed-forward kernels, which is the N = 12·L·d²
+that every budget in this project counts.
+
+Every parameter carries logical axis names (``embed``, ``heads``, ``kv``,
+``mlp``, ``vocab``, ``layers``, ...); ``scaling.mesh`` maps them to mesh axes.
+With ``scan_layers=True`` the stack is one ``nn.scan`` over a single block, so
+compile time does not grow with depth; parameters then have a leading
+``layers`` axis. ``stack_layers`` / ``unstack_layers`` convert between the two
+layouts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from scaling.config import ModelConfig
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole block in the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _init(config: ModelConfig, axes: tuple[str, ...], std: float | None = None):
+    return nn.with_logical_partitioning(nn.initializers.normal(std or config.init_std), axes)
+
+
+def _zeros(axes: tuple[str, ...]):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=1e-5,
+        use_bias=True,
+        dtype=_DTYPES[config.compute_dtype],
+        param_dtype=_DTYPES[config.param_dtype],
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
+        bias_init=_zeros(("norm",)),
+        name=name,
+    )
+
+
+def attention_logit_scale(config: ModelConfig, length: int, input_mask: jax.Array | None) -> jax.Array:
+    """The factor multiplying q·k logits, broadcastable to [batch, heads, query, key].
+
+    ``standard`` is 1/sqrt(d_a). ``log_length`` (seed 003, section 4.3) also
+    multiplies by log n, where n is the number of keys a query can see: i+1
+    for the query at position i under causal attention, and the number of
+    real (unpadded) tokens of the sequence under bidirectional attention.
+    """
+    scale = 1.0 / math.sqrt(config.attention_head_dim)
+    if config.attention_scale == "standard":
+        return jnp.asarray(scale, jnp.float32)
+    if config.objective == "causal":
+        visible_keys = jnp.arange(1, length + 1, dtype=jnp.float32)
+        return scale * jnp.log(visible_keys)[None, None, :, None]
+    if input_mask is None:
+        return jnp.asarray(scale * math.log(length), jnp.float32)
+    real_tokens = jnp.maximum(input_mask.astype(jnp.float32).sum(axis=-1), 1.0)
+    return scale * jnp.log(real_tokens)[:, None, None, None]
+
+
+class SelfAttention(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, input_mask):
+        cfg = self.config
+        dense = functools.partial(
+            nn.DenseGeneral,
+            use_bias=cfg.use_bias,
+            dtype=_DTYPES[cfg.compute_dtype],
+            param_dtype=_DTYPES[cfg.param_dtype],
+        )
+        heads, head_dim = cfg.heads, cfg.attention_head_dim
+        qkv_axes = ("embed", "heads", "kv")
+
+        def projection(name):
+            return dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes),
+                         bias_init=_zeros(("heads", "kv")), name=name)(x)
+
+        query, key, value = projection("query"), projection("key"), projection("value")
+        length = x.shape[1]
+        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
+        logits = logits * attention_logit_scale(cfg, length, input_mask)
+        allowed = jnp.ones((1, 1, length, length), dtype=bool)
+        if cfg.objective == "causal":
+            allowed = jnp.tril(allowed)
+        if input_mask is not None:
+            allowed = allowed & (input_mask[:, None, None, :] > 0)
+        logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+        mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+        # The output projection is scaled down with depth (GPT-2 style) so the
+        # residual stream's variance does not grow with L.
+        out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
+        return dense(features=cfg.width, axis=(-2, -1), kernel_init=_init(cfg, ("heads", "kv", "embed"), out_std),
+                     bias_init=_zeros(("embed",)), name="out")(mixed)
+
+
+class FeedForward(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        dense = functools.partial(nn.Dense, use_bias=cfg.use_bias, dtype=_DTYPES[cfg.compute_dtype],
+                                  param_dtype=_DTYPES[cfg.param_dtype])
+        hidden = dense(cfg.ff_width, kernel_init=_init(cfg, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
+                       name="wi")(x)
+        hidden = nn.relu(hidden) if cfg.activation == "relu" else nn.gelu(hidden)
+        out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
+        return dense(cfg.width, kernel_init=_init(cfg, ("mlp", "embed"), out_std), bias_init=_zeros(("embed",)),
+                     name="wo")(hidden)
+
+
+class Block(nn.Module):
+    """One self-attention layer. Returns ``(x, None)`` so it can be scanned."""
+
+    config: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, input_mask):
+        cfg = self.config
+        drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        if cfg.norm == "pre":
+            x = x + drop(SelfAttention(cfg, name="attention")(_layer_norm(cfg, "attention_norm")(x), input_mask))
+            x = x + drop(FeedForward(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x)))
+        else:
+            x = _layer_norm(cfg, "attention_norm")(x + drop(SelfAttention(cfg, name="attention")(x, input_mask)))
+            x = _layer_norm(cfg, "mlp_norm")(x + drop(FeedForward(cfg, name="mlp")(x)))
+        return x, None
+
+
+def sinusoidal_positions(length: int, width: int) -> jax.Array:
+    """Fixed sin/cos position codes, [length, width]."""
+    position = jnp.arange(length, dtype=jnp.float32)[:, None]
+    frequency = jnp.exp(-math.log(10000.0) * jnp.arange(0, width, 2, dtype=jnp.float32) / width)
+    codes = jnp.zeros((length, width), jnp.float32)
+    codes = codes.at[:, 0::2].set(jnp.sin(position * frequency))
+    return codes.at[:, 1::2].set(jnp.cos(position * frequency[: width // 2]))
+
+
+class Transformer(nn.Module):
+    """Token ids [batch, length] -> logits [batch, length, vocab] (float32)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, input_mask=None, *, deterministic: bool = True):
+        cfg = self.config
+        length = tokens.shape[1]
+        if length > cfg.max_seq_len:
+            raise ValueError(f"sequence length {length} exceeds model.max_seq_len={cfg.max_seq_len}")
+        embed = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=_init(cfg, ("vocab", "embed")),
+                         dtype=_DTYPES[cfg.compute_dtype], param_dtype=_DTYPES[cfg.param_dtype],
+                         name="token_embedding")
+        x = embed(tokens)
+        if cfg.position == "learned":
+            table = self.param("position_embedding", _init(cfg, ("length", "embed")),
+                               (cfg.max_seq_len, cfg.width), _DTYPES[cfg.param_dtype])
+            x = x + table[:length].astype(x.dtype)
+        else:
+            x = x + sinusoidal_positions(length, cfg.width).astype(x.dtype)
+        x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+
+        block = Block
+        if cfg.remat != "none":
+            block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers:
+            stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                            in_axes=nn.broadcast, length=cfg.depth,
+                            metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = stack(cfg, deterministic, name="layers")(x, input_mask)
+        else:
+            for index in range(cfg.depth):
+                x, _ = block(cfg, deterministic, name=f"layers_{index}")(x, input_mask)
+
+        if cfg.norm == "pre":
+            x = _layer_norm(cfg, "final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=_DTYPES[cfg.compute_dtype],
+                              param_dtype=_DTYPES[cfg.param_dtype], kernel_init=_init(cfg, ("embed", "vocab")),
+                              name="unembedding")(x)
+        return logits.astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Objectives
+
+
+def mask_for_mlm(rng, inputs, input_mask, *, rate: float, mask_id: int, random_token_limit: int):
+    """BERT-style masking of token ids [batch, length].
+
+    Each real token is selected with probability ``rate``; a selected token is
+    replaced by ``mask_id`` 80% of the time, by a random id in
+    [0, random_token_limit) 10% of the time, and kept 10% of the time.
+    Returns ``(masked_inputs, targets, weights)``: the loss counts selected
+    positions only (weights 1.0 there, 0.0 elsewhere).
+    """
+    select_key, action_key, random_key = jax.random.split(rng, 3)
+    real = jnp.ones(inputs.shape, bool) if input_mask is None else input_mask > 0
+    selected = (jax.random.uniform(select_key, inputs.shape) < rate) & real
+    action = jax.random.uniform(action_key, inputs.shape)
+    random_ids = jax.random.randint(random_key, inputs.shape, 0, random_token_limit, dtype=inputs.dtype)
+    masked = jnp.where(selected & (action < 0.8), mask_id, inputs)
+    masked = jnp.where(selected & (action >= 0.8) & (action < 0.9), random_ids, masked)
+    return masked, inputs, selected.astype(jnp.float32)
+
+
+def weighted_cross_entropy(logits, targets, weights):
+    """Mean next-token (or masked-token) cross-entropy in nats over weighted positions.
+
+    Returns ``(mean_loss, total_weight)``.
+    """
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    total = weights.sum()
+    return (losses * weights).sum() / jnp.maximum(total, 1.0), total
+
+
+def compute_loss(model: Transformer, params, batch: dict, *, rng=None, deterministic: bool = True,
+                 mask_id: int | None = None, random_token_limit: int | None = None):
+    """Loss in nats per predicted token for one batch of the data pipeline's format.
+
+    ``batch`` holds ``inputs``, ``targets``, ``weights`` and ``input_mask``
+    ([batch, length] arrays). For the masked objective on LM data
+    (``mask_id`` given), ``inputs`` are masked here with ``rng`` and the
+    targets are the original tokens; otherwise the batch's targets are used.
+    Returns ``(loss, {"loss": ..., "tokens": number of predicted tokens})``.
+    """
+    cfg = model.config
+    inputs, targets, weights = batch["inputs"], batch["targets"], batch["weights"]
+    input_mask = batch.get("input_mask")
+    if rng is None:
+        rng = jax.random.PRNGKey(0)
+    mask_rng, dropout_rng = jax.random.split(rng)
+    if cfg.objective == "masked" and mask_id is not None:
+        inputs, targets, weights = mask_for_mlm(
+            mask_rng, inputs, input_mask, rate=cfg.mask_rate, mask_id=mask_id,
+            random_token_limit=random_token_limit or cfg.vocab_size)
+    logits = model.apply({"params": params}, inputs, input_mask, deterministic=deterministic,
+                         rngs={"dropout": dropout_rng})
+    loss, predicted = weighted_cross_entropy(logits, targets, weights)
+    return loss, {"loss": loss, "tokens": predicted}
+
+
+# ---------------------------------------------------------------------------
+# Parameter layouts
+
+
+def init_params(config: ModelConfig, rng, batch_size: int = 1, length: int | None = None):
+    """Unboxed float parameters of a fresh model (allocates them; use for small models)."""
+    model = Transformer(config)
+    tokens = jnp.zeros((batch_size, length or min(config.max_seq_len, 8)), jnp.int32)
+    return nn.unbox(model.init(rng, tokens)["params"])
+
+
+def unstack_layers(params: dict, depth: int) -> dict:
+    """Scanned layout (``layers`` with a leading depth axis) -> ``layers_0..layers_{L-1}``."""
+    params = dict(params)
+    stacked = params.pop("layers")
+    for index in range(depth):
+        params[f"layers_{index}"] = jax.tree_util.tree_map(lambda leaf, i=index: leaf[i], stacked)
+    return params
+
+
+def stack_layers(params: dict, depth: int) -> dict:
+    """Unrolled layout (``layers_0..``) -> scanned layout with a leading depth axis."""
+    params = dict(params)
+    layers = [params.pop(f"layers_{index}") for index in range(depth)]
+    params["layers"] = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *layers)
+    return params
