@@ -332,3 +332,17 @@ def override(config, assignments: list[str]):
             raise ValueError(f"override {key!r}: unknown field {parts[-1]!r}; allowed {sorted(node)}")
         node[parts[-1]] = _parse_scalar(text, node[parts[-1]])
     return from_dict(type(config), data)
+
+
+# Fields that do not change what a run computes: two configs differing only
+# here describe the same experiment (same run id, same results).
+_PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "log_every", "peak_flops",
+                        "checkpoint_every", "keep_checkpoints", "mesh")
+
+
+def config_id(config: TrainConfig, length: int = 12) -> str:
+    """A stable hex id of everything in ``config`` that affects the trained model."""
+    import hashlib
+
+    data = {k: v for k, v in to_dict(config).items() if k not in _PRESENTATION_FIELDS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:length]

@@ -1,0 +1,150 @@
+"""Device meshes, logical-to-mesh sharding, and multi-host start-up.
+
+The mesh has three named axes:
+- ``data``: pure data parallelism (parameters replicated);
+- ``fsdp``: data parallelism whose parameters and optimizer state are also
+  sharded (ZeRO-3 style), so a large model never sits whole on one device;
+- ``tensor``: Megatron-style splitting of heads, feed-forward and vocabulary.
+The global batch is split over ``data`` × ``fsdp``.
+
+Parameters carry logical axis names (see ``scaling.model``). ``MeshConfig.rules``
+maps each name to mesh axes. A dimension that a mesh axis does not divide
+evenly is replicated instead, so odd vocabularies or tiny widths still run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from scaling.config import MeshConfig
+
+AXES = ("data", "fsdp", "tensor")
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+    """Start multi-host JAX when this process is one of several.
+
+    With explicit arguments (local tests, custom clusters) they are passed to
+    ``jax.distributed.initialize``. Without them, JAX detects TPU pods and
+    SLURM by itself; we only call it when such an environment is visible, so
+    a laptop run never waits for a coordinator. Idempotent.
+    """
+    if jax.distributed.is_initialized():
+        return
+    if coordinator_address is not None:
+        if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+            # Cross-process collectives on CPU need gloo.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id)
+        return
+    cluster_markers = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
+                       "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS")
+    multi_host_tpu = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    slurm_multi = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    if multi_host_tpu or slurm_multi or any(m in os.environ for m in cluster_markers[3:]):
+        jax.distributed.initialize()
+
+
+def mesh_shape(config: MeshConfig, device_count: int) -> dict[str, int]:
+    """Resolve -1 axes against ``device_count``; raise ValueError naming the bad field."""
+    sizes = {"data": config.data, "fsdp": config.fsdp, "tensor": config.tensor}
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    for name, size in sizes.items():
+        if size == -1:
+            if device_count % fixed:
+                raise ValueError(f"mesh.{name}=-1 cannot be resolved: the other axes ({fixed} devices) do not "
+                                 f"divide the {device_count} available devices")
+            sizes[name] = device_count // fixed
+    if math.prod(sizes.values()) != device_count:
+        raise ValueError(f"mesh data×fsdp×tensor = {sizes['data']}×{sizes['fsdp']}×{sizes['tensor']} = "
+                         f"{math.prod(sizes.values())} must equal the {device_count} devices; set one axis "
+                         f"(e.g. mesh.data) to -1 to use all the rest")
+    return sizes
+
+
+def make_mesh(config: MeshConfig, devices=None) -> Mesh:
+    """A ``Mesh`` with axes (data, fsdp, tensor) over ``devices`` (default: all devices of all hosts)."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh_shape(config, len(devices))
+    shape = tuple(sizes[axis] for axis in AXES)
+    try:
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
+    except Exception:  # noqa: BLE001 - CPU and odd device sets have no physical topology to respect
+        grid = np.asarray(devices).reshape(shape)
+    return Mesh(grid, AXES)
+
+
+def batch_axes_size(mesh: Mesh) -> int:
+    """How many ways the global batch is split (data × fsdp)."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def check_batch(mesh: Mesh, batch_size: int, process_count: int | None = None) -> None:
+    """Fail early, naming ``batch_size``, if it does not divide over the batch axes and hosts."""
+    ways = batch_axes_size(mesh)
+    if batch_size % ways:
+        raise ValueError(f"batch_size={batch_size} is invalid: allowed a multiple of mesh data×fsdp = {ways}")
+    process_count = jax.process_count() if process_count is None else process_count
+    if batch_size % process_count:
+        raise ValueError(f"batch_size={batch_size} is invalid: allowed a multiple of the {process_count} processes")
+
+
+def _mesh_axes_for(name, rules: dict):
+    target = rules.get(name) if name is not None else None
+    if target is None:
+        return ()
+    return (target,) if isinstance(target, str) else tuple(target)
+
+
+def logical_to_spec(logical_axes, shape, mesh: Mesh, rules) -> PartitionSpec:
+    """Map one array's logical axis names to a mesh ``PartitionSpec``.
+
+    A mesh axis is used at most once per array, size-1 mesh axes are dropped,
+    and a dimension the chosen mesh axes do not divide is left replicated.
+    """
+    rules = dict(rules)
+    used, spec = set(), []
+    for name, size in zip(tuple(logical_axes) + (None,) * (len(shape) - len(logical_axes)), shape):
+        axes = tuple(a for a in _mesh_axes_for(name, rules) if a not in used and mesh.shape[a] > 1)
+        if axes and size % math.prod(mesh.shape[a] for a in axes) == 0:
+            used.update(axes)
+            spec.append(axes[0] if len(axes) == 1 else axes)
+        else:
+            spec.append(None)
+    return PartitionSpec(*spec)
+
+
+def tree_shardings(logical_specs, abstract_tree, mesh: Mesh, rules):
+    """NamedShardings for every leaf of ``abstract_tree`` from a matching tree of logical PartitionSpecs."""
+
+    def one(spec, leaf):
+        axes = tuple(spec) if isinstance(spec, PartitionSpec) else ()
+        return NamedSharding(mesh, logical_to_spec(axes, leaf.shape, mesh, rules))
+
+    return jax.tree_util.tree_map(one, logical_specs, abstract_tree,
+                                  is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of a [batch, length] array: rows over data × fsdp."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def global_batch(local_batch: dict, mesh: Mesh, global_batch_size: int) -> dict:
+    """Assemble per-process numpy rows into global jax.Arrays sharded over the batch axes."""
+    sharding = batch_sharding(mesh)
+    return {key: jax.make_array_from_process_local_data(sharding, value, (global_batch_size,) + value.shape[1:])
+            for key, value in local_batch.items()}
