@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import curve_fit
 
-from analysis.results import AnalysisInputError
+from analysis.errors import AnalysisInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +91,11 @@ def _line(depth, a, b):
     return a + b * depth
 
 
+def _line_jacobian(depth, a, b):
+    # Exact derivatives: the covariance then carries no finite-difference error.
+    return np.stack([np.ones_like(depth), depth], axis=1)
+
+
 def fit_log_width(depths, widths, width_errors, name: str = "fit") -> LogWidthFit:
     """Weighted fit of log d = a + b·L with absolute errors σ_log d = Δd / d.
 
@@ -110,7 +115,7 @@ def fit_log_width(depths, widths, width_errors, name: str = "fit") -> LogWidthFi
     log_width = np.log(widths)
     sigma = errors / widths
     (a, b), cov = curve_fit(_line, depths, log_width, p0=(log_width.mean(), 0.0), sigma=sigma,
-                            absolute_sigma=True)
+                            absolute_sigma=True, jac=_line_jacobian)
     weights = 1.0 / sigma ** 2
     residual = log_width - _line(depths, a, b)
     chi2 = float(np.sum(weights * residual ** 2))

@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from analysis.fit import LogWidthFit, load_fit
-from analysis.results import AnalysisInputError
+from analysis.errors import AnalysisInputError
 
 # Eq. 10 of Levine et al. 2020, with their reported goodness of fit.
 FIT_PRESETS = {

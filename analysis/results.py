@@ -24,14 +24,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.errors import AnalysisInputError
+
 CSV_COLUMNS = ("depth", "width", "params", "seed", "loss")
 RECORD_FIELDS = ("status", "depth", "width", "seed", "final_eval_loss")
 # A CSV's params column may carry rounding; anything further off is not 12·L·d².
 _PARAMS_TOLERANCE = 0.01
-
-
-class AnalysisInputError(ValueError):
-    """Input the analysis cannot use; the message names the problem in one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +189,8 @@ def _validate(frame: pd.DataFrame, source: str) -> None:
         if nan_rows.any():
             first = frame[nan_rows].iloc[0]
             where = first["name"] if "name" in frame.columns else f"depth={first['depth']}, width={first['width']}"
-            raise AnalysisInputError(
-                f"{source}: {int(nan_rows.sum())} run(s) have a missing, NaN or infinite {column} (first: {where})")
+            raise AnalysisInputError(f"{source}: {int(nan_rows.sum())} run(s) have a missing, NaN or "
+                                     f"infinite {column} (first: {where})")
     if (frame["depth"] < 1).any() or (frame["width"] < 1).any():
         raise AnalysisInputError(f"{source}: depth and width must be positive integers")
     if (frame["depth"] % 1 != 0).any() or (frame["width"] % 1 != 0).any():

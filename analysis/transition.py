@@ -51,7 +51,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.results import AnalysisInputError, aggregate_seeds, pooled_seed_std, seed_losses
+from analysis.errors import AnalysisInputError
+from analysis.results import aggregate_seeds, pooled_seed_std, seed_losses
 
 # How far (relative, in N) the deeper curve may be extended beyond its measured range.
 RANGE_TOLERANCE = 0.05
@@ -246,14 +247,14 @@ def _classify(shallow, deep, comparison: PairComparison | None) -> dict:
     worse = np.flatnonzero(comparison.worse)
     n, w = comparison.params, comparison.widths
     if worse.size == 0:
-        return {"status": "above_range",
-                "message": (f"{pair}: no transition in range: the shallower net is never significantly worse "
-                            f"up to N={n[-1]:.3g} (width {w[-1]:.0f}); the transition lies above or is not resolved")}
+        return {"status": "above_range", "message": (
+            f"{pair}: no transition in range: the shallower net is never significantly worse up to "
+            f"N={n[-1]:.3g} (width {w[-1]:.0f}); the transition lies above or is not resolved")}
     k = int(worse[0])
     if k == 0:
-        return {"status": "below_range",
-                "message": (f"{pair}: no transition in range: the shallower net is already significantly worse "
-                            f"at the smallest compared size N={n[0]:.3g} (width {w[0]:.0f}); the transition lies below")}
+        return {"status": "below_range", "message": (
+            f"{pair}: no transition in range: the shallower net is already significantly worse at the "
+            f"smallest compared size N={n[0]:.3g} (width {w[0]:.0f}); the transition lies below")}
     before = "significantly better" if comparison.better[k - 1] else "indistinguishable"
     width, error = 0.5 * (w[k - 1] + w[k]), abs(w[k] - w[k - 1])
     return {"status": "found", "params_before": n[k - 1], "params_after": n[k], "width": width,
@@ -298,6 +299,8 @@ def find_transitions(runs: pd.DataFrame, alpha: float = 0.05, method: str = "poo
     """
     if not 0 < alpha < 1:
         raise AnalysisInputError(f"alpha must lie in (0, 1), got {alpha}")
+    if n_bootstrap < 0:
+        raise AnalysisInputError(f"the number of bootstrap resamples must be >= 0, got {n_bootstrap}")
     noise = _Noise(runs, method, loss_std)
     points = aggregate_seeds(runs)
     depths = sorted(points["depth"].unique().tolist())

@@ -54,12 +54,11 @@ class Tracker:
         if self.is_main and self.mode != "disabled":
             import wandb
 
-            self.wandb_run = wandb.init(
+            self.wandb_run = _init_wandb(dict(
                 project=project, group=group or None, name=name, id=wandb_id, resume="allow",
                 config=config, mode=self.mode, dir=str(self.run_dir) if self._local else None,
-                settings=wandb.Settings(silent=True, console="off"),
-            )
-            self.wandb_id = self.wandb_run.id
+                settings=wandb.Settings(silent=True, console="off")))
+            self.wandb_id = self.wandb_run.id if self.wandb_run is not None else wandb_id
         self.bar = None
         if self.is_main and show_progress:
             self.bar = tqdm(total=total_steps, initial=start_step, desc=name or "train", unit="step",
@@ -108,6 +107,27 @@ class Tracker:
         if self.wandb_run is not None:
             self.wandb_run.finish(exit_code=exit_code)
             self.wandb_run = None
+
+
+def _init_wandb(kwargs: dict, attempts: int = 6, wait_seconds: float = 5.0):
+    """``wandb.init`` that survives a crashed predecessor.
+
+    After a hard kill, the dead process's wandb service can hold the run id
+    for a little while ("run ID ... is in use"). Retry for ~30 s, then carry
+    on without wandb (metrics.jsonl still has everything) rather than lose
+    the training run.
+    """
+    import wandb
+
+    for attempt in range(attempts):
+        try:
+            return wandb.init(**kwargs)
+        except Exception as error:  # noqa: BLE001 - wandb raises several private error types
+            if "in use" not in str(error) or attempt == attempts - 1:
+                print(f"warning: wandb disabled for this run: {error}", file=sys.stderr)
+                return None
+            time.sleep(wait_seconds)
+    return None
 
 
 def _plain(value):

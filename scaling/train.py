@@ -253,7 +253,7 @@ def _write_json(path: epath.Path, value: dict) -> None:
     # Write then rename, so a crash never leaves a half-written record.
     tmp = path.parent / (path.name + ".tmp")
     tmp.write_text(json.dumps(value, indent=2, sort_keys=True))
-    tmp.rename(path)
+    tmp.replace(path)
 
 
 def resolve_config(config: TrainConfig, pipeline) -> TrainConfig:
@@ -307,8 +307,14 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         "data_fingerprint": pipeline.fingerprint, "code_version": code_version(),
         "tokens_per_step": config.batch_size * config.data.seq_len,
     }
+    existing_config = run_dir / "config.json"
+    if existing_config.exists():
+        previous_config = from_dict(TrainConfig, json.loads(existing_config.read_text()))
+        if config_id(previous_config) != config_id(config):
+            raise ValueError(f"workdir {run_dir} holds a run of a different config (run id "
+                             f"{config_id(previous_config)}, this config {config_id(config)}); use a new workdir")
     if main_process:
-        _write_json(run_dir / "config.json", to_dict(config))
+        _write_json(existing_config, to_dict(config))
 
     try:
         return _train(config, run_dir, pipeline, mesh, record, show_progress)

@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # Shared pieces of the tpu/ scripts: flag parsing, quoting, dry-run, slice state.
 # Sourced, never run. Every script sets DRY_RUN, NAME, ZONE, PROJECT through
-# parse_common_flag before calling anything here.
+# parse_common_flag before calling anything here. The variables set here are
+# read by those scripts, which shellcheck cannot see from this file alone:
+# shellcheck disable=SC2034
 
 TPU_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(dirname "$TPU_DIR")
@@ -15,10 +17,12 @@ PROJECT=""
 REMOTE_DIR="depth-width-scaling"
 SSH_ARGS=()
 
-COMMON_HELP="Slice flags (all required unless noted):
+COMMON_HELP="Slice (all three required):
   --name NAME          TPU VM / pod slice name, e.g. depth-sweep
   --zone ZONE          e.g. us-west4-a (v5e), us-central2-b (v4)
   --project PROJECT    Google Cloud project id
+
+Other:
   --dry-run            print the gcloud commands (one per line, ready to
                        copy-paste) instead of running them; needs no gcloud
   -h, --help           show this help"
@@ -83,7 +87,8 @@ parse_remote_flag() {
   SHIFT=0
   case "$1" in
     --remote-dir) need_value "$@"; REMOTE_DIR=$2; SHIFT=2 ;;
-    --ssh-arg) need_value "$@"; SSH_ARGS+=("$2"); SHIFT=2 ;;
+    # Its value is itself a flag, so need_value's guard against one does not apply.
+    --ssh-arg) [[ $# -ge 2 ]] || die "--ssh-arg needs a value"; SSH_ARGS+=("$2"); SHIFT=2 ;;
   esac
 }
 
@@ -136,12 +141,26 @@ resolve_commit() {
   fi
 }
 
+# The repository workers clone: --repo-url if given, else this checkout's origin.
+resolve_repo_url() {
+  local wanted=$1
+  if [[ -n $wanted ]]; then echo "$wanted"; return; fi
+  git -C "$REPO_ROOT" remote get-url origin 2>/dev/null ||
+    die "--repo-url is required: this checkout has no 'origin' remote to default to"
+}
+
 # Log files of one sweep on a worker, relative to REMOTE_DIR.
 sweep_log_dir() {
   local stem
   stem=$(basename "$1")
   echo "logs/${stem%.py}"
 }
+
+# A shell test, true on a worker whose launcher (log files at "$p.*") runs:
+# no exit status yet, and the recorded pid is alive and is a sweep launcher
+# (a pid left from before a reboot may belong to something else by now).
+# shellcheck disable=SC2016
+LAUNCHER_RUNNING='[ ! -f "$p.exit" ] && [ -f "$p.pid" ] && ps -o args= -p "$(cat "$p.pid")" 2>/dev/null | grep -q sweeps.launch'
 
 # A remote command that prints, on each worker, one line
 # "WORKER_STATE <hostname> <running|done|failed|idle>" and then the last
@@ -154,8 +173,8 @@ worker_state_command() {
   # $host, $state etc. must expand on the worker, so this text is literal here.
   # shellcheck disable=SC2016
   local body='host=$(hostname); p='"$q_dir"'/$host; state=idle;
-if [ -f "$p.pid" ] && kill -0 "$(cat "$p.pid")" 2>/dev/null; then state=running;
-elif [ -f "$p.exit" ]; then if [ "$(cat "$p.exit")" = 0 ]; then state=done; else state=failed; fi; fi;
+if [ -f "$p.exit" ]; then if [ "$(cat "$p.exit")" = 0 ]; then state=done; else state=failed; fi;
+elif '"$LAUNCHER_RUNNING"'; then state=running; fi;
 echo "WORKER_STATE $host $state"'
   if [[ $lines -gt 0 ]]; then
     # shellcheck disable=SC2016

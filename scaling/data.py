@@ -1,0 +1,460 @@
+"""Data pipeline: text sources and synthetic tasks, cut into seeded, resumable,
+per-host batches.
+
+Sources (``DataConfig.source``)
+    ``builtin``   the Python 3.11 documentation prose shipped with the package
+                  (about 7.4 MB, 4,200 documents; see ``scaling.corpus``).
+    ``hub``       a Hugging Face dataset, streamed:
+                  ``datasets.load_dataset(hub_name, hub_config, split=hub_split, streaming=True)``.
+    ``local``     text / jsonl / parquet files through ``datasets``. A text
+                  file's documents are its blank-line-separated paragraphs.
+    For ``hub`` and ``local`` the first ``max_documents`` documents of the
+    stream are used, from ``text_field``; empty ones are skipped.
+    ``parity``, ``first``   classification (seed 003), see ``ClassificationTask``.
+    ``lookback``  an LM task with a controllable dependency distance, see ``LookbackTask``.
+
+Split (``scaling.corpus.split_documents``)
+    A text document goes to validation when the first 8 bytes of the SHA-256
+    of its text, read as a fraction of 2**64, fall below
+    ``validation_fraction``. The split depends only on the text, so it is the
+    same on every machine, and duplicated documents never straddle it.
+
+Tokens and packing
+    Token ids come from ``scaling.tokenizer``; four special ids follow the
+    tokenizer's range: pad, eos, mask, cls (byte tokenizer: 256..259, so the
+    vocabulary is 260). Each split is one stream: every document followed by
+    eos. A training example is a window of ``seq_len + 1`` tokens:
+    ``inputs = window[:-1]``, ``targets = window[1:]``, all weights 1. The
+    masked objective uses the same ``inputs``; the trainer masks them itself.
+    Tokenized streams are cached in ``cache_dir`` (default
+    ``~/.cache/scaling-data``), keyed by the fingerprint.
+
+Order and resume
+    Epoch ``e`` of seed ``s`` shifts the window grid by a random offset in
+    ``[0, seq_len)`` and visits the windows in a random permutation, both drawn
+    from ``numpy.random.default_rng([s, e])``. Example ``i`` of the run is
+    position ``i mod n`` of epoch ``i div n`` (``n`` windows per epoch), and
+    step ``k`` holds examples ``k*B .. k*B + B - 1``. So any step's batch is a
+    pure function of (data config, seed, step, batch size): a restart at step
+    ``k`` needs no replay and no saved iterator state.
+
+Multi-host
+    Process ``p`` of ``P`` gets rows ``p*B/P .. (p+1)*B/P - 1`` of the global
+    batch and computes only those. Concatenating all processes' rows gives the
+    single-process batch.
+
+Validation
+    Fixed: consecutive non-overlapping windows of the validation stream from
+    its start (cycling if more are asked for than exist), or examples of the
+    synthetic tasks drawn from a constant seed. It never depends on the run's
+    seed, so every run sharing a data config sees the same validation set.
+
+Fingerprint
+    SHA-256 of the corpus text (train and validation documents in order),
+    the tokenizer (its full serialization), the split fraction and a format
+    version; for synthetic tasks, of the task's settings. Runs with different
+    fingerprints were trained on different data.
+
+Command line: ``python -m scaling.data --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import pathlib
+import queue
+import sys
+import threading
+
+import numpy as np
+
+from scaling import corpus
+from scaling.config import DataConfig
+from scaling.tokenizer import ByteTokenizer, build_tokenizer
+
+FORMAT_VERSION = "scaling-data-v1"  # bump when splitting, packing or order change
+VALIDATION_SEED = 20200  # synthetic validation examples use this seed, never the run's
+SPECIAL_TOKENS = ("pad", "eos", "mask", "cls")  # ids right after the tokenizer's, in this order
+
+
+# ---------------------------------------------------------------------------
+# Packing and pipelines
+
+
+def pack(token_lists: list[np.ndarray], eos_id: int, dtype) -> np.ndarray:
+    """One token stream: each document followed by ``eos_id``."""
+    eos = np.array([eos_id], dtype=dtype)
+    return np.concatenate([piece for ids in token_lists for piece in (ids.astype(dtype), eos)])
+
+
+def default_cache_dir() -> pathlib.Path:
+    """``$XDG_CACHE_HOME/scaling-data`` or ``~/.cache/scaling-data``."""
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "scaling-data"
+
+
+class Pipeline:
+    """Batches of one data config. Subclasses define ``examples``; every
+    batch is a dict of ``inputs``/``targets`` (int32 [B, T]) and
+    ``weights``/``input_mask`` (float32 [B, T]) for this process's B rows."""
+
+    kind = "lm"
+
+    def __init__(self, config: DataConfig, tokenizer, fingerprint: str):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.seq_len = config.seq_len
+        base = tokenizer.base_vocab_size
+        self.pad_id, self.eos_id, self.mask_id, self.cls_id = range(base, base + len(SPECIAL_TOKENS))
+        self.vocab_size = base + len(SPECIAL_TOKENS)
+        self.fingerprint = fingerprint
+        # For run records; text sources add corpus sizes.
+        self.stats = {"source": config.source, "tokenizer": config.tokenizer, "fingerprint": fingerprint,
+                      "vocab_size": self.vocab_size}
+
+    def examples(self, split: str, seed: int, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Examples number ``indices`` of ``split`` ("train" or "validation")."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _rows(batch_size: int, process_index: int, process_count: int) -> np.ndarray:
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+        if batch_size < 1 or batch_size % process_count:
+            raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
+                             f"process_count={process_count}")
+        per_process = batch_size // process_count
+        return np.arange(process_index * per_process, (process_index + 1) * per_process, dtype=np.int64)
+
+    def train_batch(self, seed: int, step: int, batch_size: int, process_index: int = 0,
+                    process_count: int = 1) -> dict[str, np.ndarray]:
+        """This process's rows of the global training batch of ``batch_size``
+        sequences at optimizer step ``step``; computed directly from
+        (seed, step), without replaying earlier steps."""
+        if seed < 0 or step < 0:
+            raise ValueError(f"seed={seed} and step={step} must be >= 0")
+        rows = self._rows(batch_size, process_index, process_count)
+        return self.examples("train", seed, step * batch_size + rows)
+
+    def train_iterator(self, seed: int, start_step: int, batch_size: int, process_index: int = 0,
+                       process_count: int = 1, prefetch: int = 2):
+        """Yield (step, batch) for step = start_step, start_step + 1, ...,
+        assembling up to ``prefetch`` batches ahead in a background thread.
+        The batches equal ``train_batch`` for the same arguments."""
+        self._rows(batch_size, process_index, process_count)  # fail now, not in the thread
+        if seed < 0 or start_step < 0:
+            raise ValueError(f"seed={seed} and start_step={start_step} must be >= 0")
+        return self._prefetched(seed, start_step, batch_size, process_index, process_count, max(1, prefetch))
+
+    def _prefetched(self, seed, start_step, batch_size, process_index, process_count, prefetch):
+        ready: queue.Queue = queue.Queue(maxsize=prefetch)
+        stop = threading.Event()
+
+        def produce():
+            for step in itertools.count(start_step):
+                try:
+                    item = (step, self.train_batch(seed, step, batch_size, process_index, process_count))
+                except Exception as error:  # handed to the consumer, which re-raises it
+                    item = error
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set() or isinstance(item, Exception):
+                    return
+
+        thread = threading.Thread(target=produce, name="data-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = ready.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+
+    def validation_batches(self, batch_size: int, num_batches: int, process_index: int = 0,
+                           process_count: int = 1) -> list[dict[str, np.ndarray]]:
+        """The fixed validation set: ``num_batches`` global batches of
+        ``batch_size`` sequences (this process's rows of each)."""
+        rows = self._rows(batch_size, process_index, process_count)
+        return [self.examples("validation", VALIDATION_SEED, b * batch_size + rows) for b in range(num_batches)]
+
+
+class TextPipeline(Pipeline):
+    """Packed windows of a tokenized text corpus (``kind = "lm"``)."""
+
+    def __init__(self, config, tokenizer, train_tokens, validation_tokens, fingerprint, stats):
+        super().__init__(config, tokenizer, fingerprint)
+        self.train_tokens, self.validation_tokens = train_tokens, validation_tokens
+        self.stats.update(stats)
+        T = config.seq_len
+        # Windows of T + 1 tokens on a grid of stride T, shifted by up to T - 1.
+        self.train_windows = (len(train_tokens) - T) // T
+        self.validation_windows = (len(validation_tokens) - 1) // T
+        if self.train_windows < 1 or self.validation_windows < 1:
+            raise ValueError(f"seq_len={T} is too long for this corpus: train holds {len(train_tokens)} "
+                             f"tokens (needs {2 * T}), validation {len(validation_tokens)} (needs {T + 1})")
+        self._orders: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
+
+    def epoch_order(self, seed: int, epoch: int) -> tuple[int, np.ndarray]:
+        """(grid offset in tokens, permutation of window numbers) of one epoch."""
+        order = self._orders.get((seed, epoch))
+        if order is None:  # the prefetch thread may be here too: work on locals only
+            rng = np.random.default_rng([seed, epoch])
+            order = (int(rng.integers(self.seq_len)), rng.permutation(self.train_windows))
+            if len(self._orders) >= 8:
+                self._orders.clear()
+            self._orders[(seed, epoch)] = order
+        return order
+
+    def examples(self, split, seed, indices):
+        T = self.seq_len
+        if split == "train":
+            epochs, positions = np.divmod(indices, self.train_windows)
+            starts = np.empty(len(indices), dtype=np.int64)
+            for epoch in np.unique(epochs):
+                offset, order = self.epoch_order(seed, int(epoch))
+                chosen = epochs == epoch
+                starts[chosen] = offset + order[positions[chosen]] * T
+            stream = self.train_tokens
+        else:
+            starts = (indices % self.validation_windows) * T
+            stream = self.validation_tokens
+        windows = stream[starts[:, None] + np.arange(T + 1)].astype(np.int32)
+        ones = np.ones((len(indices), T), dtype=np.float32)
+        return {"inputs": np.ascontiguousarray(windows[:, :-1]), "targets": np.ascontiguousarray(windows[:, 1:]),
+                "weights": ones, "input_mask": ones.copy()}
+
+
+BIT_TOKENS = (ord("0"), ord("1"))  # byte ids of '0' and '1': the bits and the labels
+
+
+class ClassificationTask(Pipeline):
+    """PARITY (odd number of ones) and FIRST (first bit is one), from seed 003.
+
+    Layout of one row: ``[b_1 .. b_n, CLS, PAD ...]`` with bits as the byte
+    ids of '0'/'1' (48/49). The label sits in ``targets`` at the CLS position
+    as the byte id of '0' or '1'; ``weights`` is 1 there only, ``input_mask``
+    is 0 on padding. Training lengths n are uniform in
+    [synthetic_min_length, synthetic_max_length], validation lengths in
+    [synthetic_eval_min_length, synthetic_eval_max_length], so a model can be
+    tested on longer strings than it was trained on. Row ``i`` is drawn from
+    ``default_rng([seed, split, i])``: independent of batch size and host.
+    """
+
+    kind = "classification"
+
+    def __init__(self, config: DataConfig):
+        longest = max(config.synthetic_max_length, config.synthetic_eval_max_length)
+        if config.seq_len < longest + 1:
+            raise ValueError(f"seq_len={config.seq_len} must hold the longest {config.source} string "
+                             f"({longest} bits) plus CLS: need seq_len >= {longest + 1}")
+        settings = {name: getattr(config, name) for name in (
+            "source", "seq_len", "synthetic_min_length", "synthetic_max_length",
+            "synthetic_eval_min_length", "synthetic_eval_max_length")}
+        super().__init__(config, ByteTokenizer(), _settings_fingerprint(settings))
+
+    def label(self, bits: np.ndarray) -> int:
+        """The class (0 or 1) of one bit string."""
+        return int(bits.sum() % 2) if self.config.source == "parity" else int(bits[0])
+
+    def examples(self, split, seed, indices):
+        c = self.config
+        low, high = ((c.synthetic_min_length, c.synthetic_max_length) if split == "train"
+                     else (c.synthetic_eval_min_length, c.synthetic_eval_max_length))
+        shape = (len(indices), self.seq_len)
+        inputs = np.full(shape, self.pad_id, dtype=np.int32)
+        targets = np.full(shape, self.pad_id, dtype=np.int32)
+        weights = np.zeros(shape, dtype=np.float32)
+        input_mask = np.zeros(shape, dtype=np.float32)
+        for row, index in enumerate(indices):
+            rng = np.random.default_rng([seed, int(split == "validation"), int(index)])
+            length = int(rng.integers(low, high + 1))
+            bits = rng.integers(0, 2, length)
+            inputs[row, :length] = BIT_TOKENS[0] + bits
+            inputs[row, length] = self.cls_id
+            targets[row, length] = BIT_TOKENS[self.label(bits)]
+            weights[row, length] = 1.0
+            input_mask[row, :length + 1] = 1.0
+        return {"inputs": inputs, "targets": targets, "weights": weights, "input_mask": input_mask}
+
+
+LOOKBACK_ALPHABET = np.arange(ord("a"), ord("z") + 1)  # byte ids of 'a'..'z'
+LOOKBACK_COPY_RATE = 0.5
+
+
+class LookbackTask(Pipeline):
+    """An LM task whose only learnable dependency spans exactly
+    ``lookback_distance`` (D) tokens.
+
+    A row is ``seq_len + 1`` letters 'a'..'z' (byte ids). Every position
+    t >= D is, with probability 1/2, a copy of the token at t - D; the other
+    positions are fresh uniform letters. Loss weights are 1 only where the
+    target is a copy, so a model that looks back exactly D tokens reaches
+    zero loss, and one that cannot sees log(26) nats. Fresh letters break
+    every shorter or periodic shortcut (t - 2D is a copy of t only by chance).
+    """
+
+    def __init__(self, config: DataConfig):
+        if config.lookback_distance >= config.seq_len:
+            raise ValueError(f"lookback_distance={config.lookback_distance} must be < seq_len={config.seq_len}")
+        settings = {"source": "lookback", "seq_len": config.seq_len, "lookback_distance": config.lookback_distance,
+                    "copy_rate": LOOKBACK_COPY_RATE, "alphabet": len(LOOKBACK_ALPHABET)}
+        super().__init__(config, ByteTokenizer(), _settings_fingerprint(settings))
+
+    def examples(self, split, seed, indices):
+        T, D = self.seq_len, self.config.lookback_distance
+        tokens = np.empty((len(indices), T + 1), dtype=np.int32)
+        copy = np.empty((len(indices), T + 1), dtype=bool)
+        for row, index in enumerate(indices):
+            rng = np.random.default_rng([seed, int(split == "validation"), int(index)])
+            tokens[row] = rng.choice(LOOKBACK_ALPHABET, T + 1)
+            copy[row] = rng.random(T + 1) < LOOKBACK_COPY_RATE
+        copy[:, :D] = False
+        for start in range(D, T + 1, D):  # block by block: each reads only finished blocks
+            stop = min(start + D, T + 1)
+            tokens[:, start:stop] = np.where(copy[:, start:stop], tokens[:, start - D:stop - D],
+                                             tokens[:, start:stop])
+        return {"inputs": np.ascontiguousarray(tokens[:, :-1]), "targets": np.ascontiguousarray(tokens[:, 1:]),
+                "weights": copy[:, 1:].astype(np.float32),
+                "input_mask": np.ones((len(indices), T), dtype=np.float32)}
+
+
+def _settings_fingerprint(settings: dict) -> str:
+    text = json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cached_streams(path: pathlib.Path, make):
+    """Load the (train, validation) token streams from ``path`` or build them
+    with ``make()`` and save them there atomically."""
+    if path.exists():
+        with np.load(path) as saved:
+            return saved["train"], saved["validation"]
+    train, validation = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, train=train, validation=validation)
+    tmp.replace(path)
+    return train, validation
+
+
+def build_text(config: DataConfig) -> TextPipeline:
+    """A ``TextPipeline`` for a builtin / hub / local source: load, split,
+    tokenize (cached) and pack."""
+    train_texts, validation_texts = corpus.split_documents(corpus.load_documents(config),
+                                                           config.validation_fraction)
+    text_hash = corpus.corpus_hash(train_texts, validation_texts)
+    cache_dir = pathlib.Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    tokenizer = build_tokenizer(config.tokenizer, train_texts, text_hash, config.bpe_vocab_size, cache_dir)
+    fingerprint = _settings_fingerprint({"corpus": text_hash, "tokenizer": tokenizer.identity,
+                                         "validation_fraction": config.validation_fraction})
+    dtype = np.uint16 if tokenizer.base_vocab_size + len(SPECIAL_TOKENS) <= 2**16 else np.int32
+    eos_id = tokenizer.base_vocab_size + SPECIAL_TOKENS.index("eos")
+
+    def make():
+        return tuple(pack(tokenizer.encode_batch(texts), eos_id, dtype)
+                     for texts in (train_texts, validation_texts))
+
+    train, validation = _cached_streams(cache_dir / f"tokens-{fingerprint[:32]}.npz", make)
+
+    def nbytes(texts):
+        return sum(len(text.encode("utf-8")) for text in texts)
+
+    stats = {"corpus_sha256": text_hash,
+             "train_documents": len(train_texts), "validation_documents": len(validation_texts),
+             "train_bytes": nbytes(train_texts), "validation_bytes": nbytes(validation_texts),
+             "train_tokens": int(len(train)), "validation_tokens": int(len(validation))}
+    return TextPipeline(config, tokenizer, train, validation, fingerprint, stats)
+
+
+def build(config: DataConfig) -> Pipeline:
+    """The pipeline for ``config``: a ``TextPipeline``, ``ClassificationTask``
+    or ``LookbackTask``."""
+    if config.source in ("parity", "first", "lookback") and config.tokenizer != "byte":
+        raise ValueError(f"tokenizer={config.tokenizer!r}: synthetic source {config.source!r} uses byte ids; "
+                         "set tokenizer='byte'")
+    if config.source in ("parity", "first"):
+        return ClassificationTask(config)
+    if config.source == "lookback":
+        return LookbackTask(config)
+    return build_text(config)
+
+
+def batch_digest(batch: dict[str, np.ndarray]) -> str:
+    """SHA-256 hex of a batch's ``inputs`` as little-endian int32, row-major."""
+    return hashlib.sha256(np.ascontiguousarray(batch["inputs"], dtype="<i4").tobytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def _config_from_args(args) -> DataConfig:
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(DataConfig)
+             if getattr(args, field.name, None) is not None}
+    if "paths" in given:
+        given["paths"] = tuple(given["paths"])
+    return DataConfig(**given)
+
+
+def _parser() -> argparse.ArgumentParser:
+    data = argparse.ArgumentParser(add_help=False)
+    group = data.add_argument_group("data config (unset options keep scaling.config.DataConfig defaults)")
+    group.add_argument("--source", choices=["builtin", "hub", "local", "parity", "first", "lookback"])
+    group.add_argument("--hub-name", dest="hub_name", help="hub dataset name or local folder, e.g. wikitext")
+    group.add_argument("--hub-config", dest="hub_config", help="hub dataset config, e.g. wikitext-103-raw-v1")
+    group.add_argument("--hub-split", dest="hub_split", help="hub split to stream (default train)")
+    group.add_argument("--paths", nargs="+", help="local .txt / .jsonl / .parquet files")
+    group.add_argument("--text-field", dest="text_field", help="column holding the text (default text)")
+    group.add_argument("--max-documents", dest="max_documents", type=int, help="hub/local: documents to read")
+    group.add_argument("--validation-fraction", dest="validation_fraction", type=float,
+                       help="share of documents held out for validation (default 0.02)")
+    group.add_argument("--tokenizer", help="byte, bpe or hf:NAME_OR_PATH")
+    group.add_argument("--bpe-vocab-size", dest="bpe_vocab_size", type=int,
+                       help="tokens in a trained BPE vocabulary, 256 bytes included (default 4096)")
+    group.add_argument("--seq-len", dest="seq_len", type=int, help="tokens per sequence")
+    group.add_argument("--cache-dir", dest="cache_dir", help="where token caches and BPE files go")
+
+    parser = argparse.ArgumentParser(
+        prog="python -m scaling.data",
+        description="Inspect the data pipeline: corpus statistics, or the hash of one training batch "
+                    "(to check that two machines or a restarted run see the same data).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    stats = commands.add_parser("stats", parents=[data],
+                                help="fingerprint, vocabulary and (text sources) train/validation sizes")
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    digest = commands.add_parser("batch-hash", parents=[data],
+                                 help="SHA-256 of the inputs (int32) of one global training batch")
+    digest.add_argument("--seed", type=int, required=True, help="data-order seed")
+    digest.add_argument("--step", type=int, required=True, help="optimizer step")
+    digest.add_argument("--batch-size", dest="batch_size", type=int, required=True,
+                        help="global batch size in sequences")
+    return parser
+
+
+def main(argv=None) -> None:
+    """Entry point of ``python -m scaling.data``."""
+    args = _parser().parse_args(argv)
+    try:
+        config = _config_from_args(args)
+        if args.command == "stats":
+            stats = build(config).stats
+            print(json.dumps(stats) if args.json else "\n".join(f"{k:22s}{v}" for k, v in stats.items()))
+        else:
+            print(batch_digest(build(config).train_batch(args.seed, args.step, args.batch_size)))
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""`python -m analysis`: the exact commands the checks use, sweep analysis, and bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main
+from analysis.synthetic import synthetic_runs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def run_json(capsys, *args):
+    assert main(list(args)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_optimal_175e9_subprocess():
+    result = run_cli("optimal", "--params", "175e9", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["depth"] == 80
+    assert data["width"] == pytest.approx(13500, rel=0.02)
+    assert data["params"] == 175e9
+    assert data["depth_low"] < data["depth_continuous"] < data["depth_high"]
+    assert data["n_transition"] == pytest.approx(1.65e11, rel=0.02)
+    assert (data["a"], data["b"]) == (5.039, 0.0555)
+
+
+def test_table_gpt3_subprocess():
+    result = run_cli("table", "--preset", "gpt3", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["a"], data["b"], data["fit"]) == (5.039, 0.0555, "levine2020")
+    expected = [(23, 555), (32, 886), (38, 1220), (42, 1550), (47, 2110), (54, 3150), (60, 4200), (80, 13500),
+                (95, 30100)]
+    assert len(data["rows"]) == 9
+    for row, (depth, width) in zip(data["rows"], expected):
+        assert {"name", "params", "trained_depth", "trained_width", "optimal_depth", "optimal_width"} <= set(row)
+        assert abs(row["optimal_depth"] - depth) <= 1
+        assert row["optimal_width"] == pytest.approx(width, rel=0.02)
+
+
+def test_transition_size_96_subprocess():
+    result = run_cli("transition-size", "--depth", "96", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["n_transition"] == pytest.approx(1.17e12, rel=0.02)
+    assert data["delta_n"] == pytest.approx(0.23e12, abs=0.02e12)
+
+
+def test_table_text_formats_name_the_fit(capsys):
+    assert main(["table", "--preset", "gpt3"]) == 0
+    markdown = capsys.readouterr().out
+    assert "a = 5.039" in markdown and "b = 0.0555" in markdown and markdown.count("| GPT-3") == 8
+    assert main(["table", "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 10 and lines[0].endswith("fit,a,b") and lines[1].endswith("levine2020,5.039,0.0555")
+
+
+@pytest.mark.parametrize("text, depth", [("1.3B", 42), ("1.3e9", 42), ("800M", 39)])
+def test_optimal_accepts_suffixes(capsys, text, depth):
+    data = run_json(capsys, "optimal", "--params", text, "--json")
+    assert data["depth"] == depth
+
+
+def test_transition_size_several_depths(capsys):
+    rows = run_json(capsys, "transition-size", "--depth", "80", "96", "100", "--json")
+    assert [row["depth"] for row in rows] == [80, 96, 100]
+    assert rows[2]["relative_error"] == pytest.approx(0.20, abs=0.01)
+
+
+@pytest.fixture
+def sweep_csv(tmp_path):
+    path = tmp_path / "sweep.csv"
+    synthetic_runs(depths=(2, 4, 6, 8), a=3.0, b=0.25, seeds=3, noise=0.002, rng=3).to_csv(path, index=False)
+    return path
+
+
+def test_fit_save_and_reuse(capsys, sweep_csv, tmp_path):
+    saved = tmp_path / "fit.json"
+    data = run_json(capsys, "fit", str(sweep_csv), "--json", "--save", str(saved), "--bootstrap", "100")
+    assert data["runs"] == len(synthetic_runs(depths=(2, 4, 6, 8), seeds=3))
+    assert [t["status"] for t in data["transitions"]] == ["found"] * 3
+    assert data["fit"]["n_points"] == 3 and data["fit"]["chi2_red"] is not None
+    stored = json.loads(saved.read_text())
+    assert stored["a"] == data["fit"]["a"] and len(stored["cov"]) == 2
+    shape = run_json(capsys, "optimal", "--params", "1e6", "--fit", str(saved), "--json")
+    assert shape["a"] == stored["a"] and 2 < shape["depth"] < 20
+
+
+def test_fit_text_output(capsys, sweep_csv):
+    assert main(["fit", str(sweep_csv), "--bootstrap", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "transition width" in out and "R² =" in out and "pooled two-sample t-test" in out
+
+
+def test_fit_with_too_few_transitions_says_so(capsys, tmp_path):
+    runs = synthetic_runs(depths=(2, 4), seeds=3, rng=4)
+    runs.to_csv(tmp_path / "two.csv", index=False)
+    assert main(["fit", str(tmp_path / "two.csv"), "--bootstrap", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "not enough points" in out and "need 2 or more" in out
+
+
+def test_plot_writes_png_and_pdf(capsys, sweep_csv, tmp_path):
+    out_dir = tmp_path / "figures"
+    data = run_json(capsys, "plot", str(sweep_csv), "--out", str(out_dir), "--json", "--bootstrap", "50")
+    names = {Path(p).name for p in data["figures"]}
+    for stem in ("pair_L2_L4", "pair_L6_L8", "width_fit", "transition_size", "projection", "threshold"):
+        assert {f"{stem}.png", f"{stem}.pdf"} <= names
+        assert (out_dir / f"{stem}.png").stat().st_size > 10_000
+        assert (out_dir / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_fit_from_a_sweep_directory(tmp_path, capsys):
+    runs = synthetic_runs(depths=(2, 4, 6), seeds=2, rng=5)
+    for index, row in runs.iterrows():
+        run = tmp_path / "sweep" / f"run{index}"
+        run.mkdir(parents=True)
+        record = {"status": "finished", "name": f"L{row.depth}-d{row.width}-s{row.seed}", "depth": int(row.depth),
+                  "width": int(row.width), "seed": int(row.seed), "final_eval_loss": float(row.loss),
+                  "data_fingerprint": "fp"}
+        (run / "result.json").write_text(json.dumps(record))
+    data = run_json(capsys, "fit", str(tmp_path / "sweep"), "--json", "--bootstrap", "20")
+    assert data["runs"] == len(runs) and data["fingerprint"] == "fp" and data["skipped"] == {}
+    assert len(data["transitions"]) == 2 and data["fit"] is not None
+
+
+BAD_INPUTS = {
+    "empty file": ("", "empty"),
+    "missing columns": ("depth,width,loss\n2,32,3.0\n", "missing column"),
+    "single depth": ("depth,width,params,seed,loss\n2,32,24576,0,3.0\n2,64,98304,0,2.9\n", "only depth 2"),
+    "NaN losses": ("depth,width,params,seed,loss\n2,32,24576,0,NaN\n4,32,49152,0,3.0\n", "NaN"),
+}
+
+
+@pytest.mark.parametrize("command", ["fit", "plot"])
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gives_one_line_and_exit_2(tmp_path, capsys, command, case):
+    content, phrase = BAD_INPUTS[case]
+    path = tmp_path / "runs.csv"
+    path.write_text(content)
+    extra = ["--out", str(tmp_path / "f")] if command == "plot" else []
+    assert main([command, str(path), *extra]) == 2  # an unexpected exception would fail here
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and phrase in lines[0] and "runs.csv" in lines[0]
+
+
+def test_bad_input_subprocess_has_no_traceback(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text(BAD_INPUTS["NaN losses"][0])
+    result = run_cli("fit", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_mixed_data_fingerprints_exit_2(tmp_path, capsys):
+    for index, fingerprint in enumerate(("fp-one", "fp-two")):
+        run = tmp_path / f"run{index}"
+        run.mkdir()
+        (run / "result.json").write_text(json.dumps(
+            {"status": "finished", "depth": 2 + 2 * index, "width": 32, "seed": 0, "final_eval_loss": 3.0,
+             "data_fingerprint": fingerprint}))
+    assert main(["fit", str(tmp_path)]) == 2
+    assert "--fingerprint" in capsys.readouterr().err
+
+
+def test_nonexistent_path_and_bad_fit_file(tmp_path, capsys):
+    assert main(["fit", str(tmp_path / "missing")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["optimal", "--params", "1e9", "--fit", str(tmp_path / "nofit.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nofit.json" in err[0]
+
+
+def test_bad_argument_is_one_line():
+    result = run_cli("optimal", "--params", "lots")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'lots'" in lines[0]

@@ -1,0 +1,138 @@
+"""Transition detection on synthetic loss curves with a planted crossing, and the end-to-end fit."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.fit import fit_log_width
+from analysis.results import AnalysisInputError
+from analysis.synthetic import planted_width, synthetic_runs
+from analysis.transition import find_transitions, transition_points
+
+SHALLOW, DEEP = 6, 12
+
+
+def pair_runs(planted_params, offset=0.5, ratio=1.5, points=9, noise=0.002, seeds=3, slope=0.05,
+              rng=0, ragged_seeds=False):
+    """Two depths on one size grid; the deep net wins above ``planted_params`` (parameters).
+
+    The planted size sits ``offset`` grid steps above grid point 4 (offset 0.5
+    = halfway, in log N, between two trained sizes).
+    """
+    rng = np.random.default_rng(rng)
+    log_grid = math.log(planted_params) + (np.arange(points) - 4 - offset) * math.log(ratio)
+    rows = []
+    for depth in (SHALLOW, DEEP):
+        for index, target in enumerate(np.exp(log_grid)):
+            width = int(round(math.sqrt(target / (12 * depth))))
+            params = 12.0 * depth * width ** 2
+            loss = 1.5 + 2.0 * (params / 1e6) ** -0.1
+            if depth == DEEP:
+                loss -= slope * (math.log(params) - math.log(planted_params))
+            count = 1 if ragged_seeds and index % 3 == 0 else seeds
+            for seed in range(count):
+                rows.append({"depth": depth, "width": width, "params": params, "seed": seed,
+                             "loss": loss + rng.normal(0.0, noise)})
+    return pd.DataFrame(rows)
+
+
+def planted_shallow_width(planted_params):
+    return math.sqrt(planted_params / (12 * SHALLOW))
+
+
+@pytest.mark.parametrize("planted, rng", [(3e7, 0), (3e7, 1), (1.1e8, 2), (5e8, 3), (2e9, 4)])
+@pytest.mark.parametrize("method", ["pooled", "welch"])
+def test_detected_transition_brackets_planted_width(planted, rng, method):
+    transitions, _ = find_transitions(pair_runs(planted, rng=rng), method=method, n_bootstrap=200)
+    (transition,) = transitions
+    assert transition.status == "found"
+    before = math.sqrt(transition.params_before / (12 * SHALLOW))
+    after = math.sqrt(transition.params_after / (12 * SHALLOW))
+    target = planted_shallow_width(planted)
+    assert before <= target <= after
+    assert transition.width == pytest.approx(0.5 * (before + after))
+    assert transition.width_error == pytest.approx(after - before)
+
+
+def test_bootstrap_ci_covers_the_planted_crossing():
+    planted = 2e8
+    transitions, _ = find_transitions(pair_runs(planted, offset=0.3, noise=0.004, rng=5), n_bootstrap=500)
+    (transition,) = transitions
+    low, high = transition.crossing_ci
+    target = planted_shallow_width(planted)
+    assert low <= target <= high
+    assert transition.crossing_width == pytest.approx(target, rel=0.03)
+    assert transition.crossing_fraction > 0.95
+
+
+def test_noisier_data_widens_the_crossing_ci():
+    def ci_width(noise):
+        (transition,), _ = find_transitions(pair_runs(2e8, offset=0.3, noise=noise, rng=6), n_bootstrap=400)
+        return transition.crossing_ci[1] - transition.crossing_ci[0]
+
+    assert ci_width(0.008) > 2 * ci_width(0.001)
+
+
+def test_transition_above_range_is_reported():
+    transitions, _ = find_transitions(pair_runs(2e8, offset=8.0), n_bootstrap=50)
+    assert transitions[0].status == "above_range"
+    assert "no transition in range" in transitions[0].message
+    assert transitions[0].width is None
+
+
+def test_transition_below_range_is_reported():
+    transitions, _ = find_transitions(pair_runs(2e8, offset=-8.0), n_bootstrap=50)
+    assert transitions[0].status == "below_range"
+    assert "no transition in range" in transitions[0].message
+
+
+def test_disjoint_sizes_cannot_be_compared():
+    runs = pair_runs(2e8)
+    runs.loc[runs["depth"] == DEEP, "params"] *= 1e4
+    transitions, _ = find_transitions(runs, n_bootstrap=0)
+    assert transitions[0].status == "no_overlap"
+
+
+def test_single_seed_points_fall_back_to_pooled_std():
+    transitions, _ = find_transitions(pair_runs(1.1e8, ragged_seeds=True, rng=8), method="welch",
+                                      n_bootstrap=100)
+    transition = transitions[0]
+    assert transition.found
+    assert np.all(np.isfinite(transition.comparison.se)) and np.all(transition.comparison.se > 0)
+
+
+def test_all_single_seed_needs_loss_std():
+    runs = pair_runs(1.1e8, seeds=1)
+    with pytest.raises(AnalysisInputError, match="--loss-std"):
+        find_transitions(runs)
+    transitions, description = find_transitions(runs, loss_std=0.002, n_bootstrap=50)
+    assert transitions[0].found and "given" in description
+
+
+def test_stricter_alpha_never_finds_an_earlier_transition():
+    runs = pair_runs(1.1e8, noise=0.01, rng=9)
+    loose, _ = find_transitions(runs, alpha=0.2, n_bootstrap=0)
+    strict, _ = find_transitions(runs, alpha=0.001, n_bootstrap=0)
+    assert loose[0].found and strict[0].found
+    assert strict[0].params_after >= loose[0].params_after
+
+
+def test_end_to_end_fit_recovers_planted_slope():
+    a, b = 3.0, 0.25
+    runs = synthetic_runs(depths=(2, 4, 6, 8, 10), a=a, b=b, seeds=3, noise=0.002, rng=11)
+    transitions, _ = find_transitions(runs, n_bootstrap=100)
+    assert all(t.found for t in transitions)
+    for transition in transitions:
+        target = float(planted_width(transition.shallow_depth, a, b))
+        assert abs(transition.width - target) <= transition.width_error
+    fit = fit_log_width(*transition_points(transitions))
+    assert abs(fit.b - b) < 3 * fit.sigma_b
+    assert abs(fit.a - a) < 3 * fit.sigma_a
+
+
+def test_one_depth_is_refused():
+    runs = pair_runs(2e8)
+    with pytest.raises(AnalysisInputError, match="two or more depths"):
+        find_transitions(runs[runs["depth"] == SHALLOW])
