@@ -7,6 +7,10 @@ asks for 20x the training tokens/s of an L=4, d=256 model).
 
     python benchmarks/data_throughput.py            # a table
     python benchmarks/data_throughput.py --json     # one JSON object
+
+In the same run it times the trainer's real train step (``scaling.train.build``)
+for an L=4, d=256 model on batches of 16 x 128 from the same pipeline, and
+prints the ratio of pipeline tokens/s to training tokens/s.
 """
 
 from __future__ import annotations
@@ -38,6 +42,33 @@ def measure(batch_size: int, seq_len: int, batches: int, tokenizer: str) -> dict
             "tokens_per_second": round(batches * batch_size * seq_len / seconds)}
 
 
+def training_tokens_per_second(depth: int = 4, width: int = 256, batch_size: int = 16, seq_len: int = 128,
+                               steps: int = 20) -> float:
+    """Tokens/s of the trainer's jitted train step for one (depth, width), after compilation."""
+    import jax
+
+    from scaling import mesh as mesh_lib, train
+    from scaling.config import MeshConfig, ModelConfig, TrainConfig
+
+    pipeline = data.build(DataConfig(seq_len=seq_len))
+    config = TrainConfig(model=ModelConfig(depth=depth, width=width, vocab_size=pipeline.vocab_size,
+                                           max_seq_len=seq_len), data=DataConfig(seq_len=seq_len),
+                         batch_size=batch_size, steps=steps + 2)
+    mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
+    program = train.build(config, mesh)
+    state = program.init(jax.random.PRNGKey(0))
+    batches = [mesh_lib.global_batch(pipeline.train_batch(0, step, batch_size), mesh, batch_size)
+               for step in range(steps + 2)]
+    for batch in batches[:2]:  # compile and warm up
+        state, metrics = program.train_step(state, batch)
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for batch in batches[2:]:
+        state, metrics = program.train_step(state, batch)
+    jax.block_until_ready(metrics)
+    return steps * batch_size * seq_len / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["16x128", "256x512"],
@@ -51,12 +82,19 @@ def main() -> None:
     except ValueError:
         parser.error(f"--shapes {args.shapes}: each must look like 16x128")
     results = [measure(b, t, args.batches, args.tokenizer) for b, t in shapes]
+    training = training_tokens_per_second()
+    pipeline_16x128 = measure(16, 128, args.batches, args.tokenizer)["tokens_per_second"]
+    comparison = {"training_tokens_per_second_L4_d256": round(training),
+                  "pipeline_tokens_per_second_16x128": pipeline_16x128,
+                  "pipeline_over_training": round(pipeline_16x128 / training, 1)}
     if args.json:
-        print(json.dumps({"data_throughput": results}))
+        print(json.dumps({"data_throughput": results, **comparison}))
         return
     print(f"{'batch':>6} {'seq_len':>8} {'build s':>8} {'tokens/s':>14}")
     for r in results:
         print(f"{r['batch_size']:>6} {r['seq_len']:>8} {r['build_seconds']:>8.2f} {r['tokens_per_second']:>14,}")
+    print(f"training step, L=4 d=256, batch 16 x 128: {comparison['training_tokens_per_second_L4_d256']:,} tokens/s; "
+          f"pipeline / training = {comparison['pipeline_over_training']:,}x")
 
 
 if __name__ == "__main__":

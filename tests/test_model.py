@@ -1,5 +1,6 @@
 """The transformer family: parameter counting, objectives, layouts, learning."""
 
+import functools
 import math
 
 import jax
@@ -14,6 +15,16 @@ from scaling.model import (Transformer, attention_logit_scale, compute_loss, ini
                            stack_layers, unstack_layers)
 
 SHAPES = [(1, 64), (2, 128), (3, 320), (6, 192), (12, 768)]
+
+
+def forward(config, params, tokens):
+    """Jitted logits: eager op-by-op Flax is several times slower to test."""
+    return _forward(config, params, tokens)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(config, params, tokens):
+    return Transformer(config).apply({"params": params}, tokens)
 
 
 def _leaves_with_names(params):
@@ -62,10 +73,10 @@ def test_causal_logits_never_see_the_future(objective_position):
     params = init_params(config, jax.random.PRNGKey(0))
     model = Transformer(config)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, config.vocab_size)
-    base = model.apply({"params": params}, tokens)
+    base = forward(config, params, tokens)
     for changed_position in (0, 7, 23):
         edited = tokens.at[:, changed_position].set((tokens[:, changed_position] + 5) % config.vocab_size)
-        logits = model.apply({"params": params}, edited)
+        logits = forward(config, params, edited)
         np.testing.assert_array_equal(np.asarray(logits[:, :changed_position]),
                                       np.asarray(base[:, :changed_position]))
         assert not np.allclose(logits[:, changed_position], base[:, changed_position])
@@ -75,8 +86,8 @@ def test_masked_model_is_bidirectional():
     config = ModelConfig(depth=1, width=64, objective="masked")
     params = init_params(config, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 16), 0, config.vocab_size)
-    base = Transformer(config).apply({"params": params}, tokens)
-    edited = Transformer(config).apply({"params": params}, tokens.at[:, 15].set((tokens[:, 15] + 1) % 200))
+    base = forward(config, params, tokens)
+    edited = forward(config, params, tokens.at[:, 15].set((tokens[:, 15] + 1) % 200))
     assert not np.allclose(base[:, 0], edited[:, 0])
 
 
@@ -118,8 +129,8 @@ def test_scanned_and_unrolled_layers_agree(depth):
     unrolled = ModelConfig(depth=depth, width=64, scan_layers=False)
     params = init_params(scanned, jax.random.PRNGKey(depth))
     tokens = jax.random.randint(jax.random.PRNGKey(7), (2, 32), 0, scanned.vocab_size)
-    a = Transformer(scanned).apply({"params": params}, tokens)
-    b = Transformer(unrolled).apply({"params": unstack_layers(params, depth)}, tokens)
+    a = forward(scanned, params, tokens)
+    b = forward(unrolled, unstack_layers(params, depth), tokens)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
     restacked = stack_layers(unstack_layers(params, depth), depth)
     jax.tree_util.tree_map(np.testing.assert_array_equal, restacked, params)
@@ -133,7 +144,7 @@ def test_remat_changes_nothing_numerically(remat):
     batch = {"inputs": tokens, "targets": tokens, "weights": jnp.ones((2, 16))}
 
     def grads(cfg):
-        return jax.grad(lambda p: compute_loss(Transformer(cfg), p, batch)[0])(params)
+        return jax.jit(jax.grad(lambda p: compute_loss(Transformer(cfg), p, batch)[0]))(params)
 
     plain, rematted = grads(config), grads(ModelConfig(depth=2, width=64, remat=remat))
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), plain, rematted)
@@ -167,8 +178,8 @@ def test_log_length_scaling_matches_hand_computation():
                                                    (length, length)) * standard, expected, rtol=1e-6)
         # and the model really applies it
         standard_config = ModelConfig(depth=1, width=32, num_heads=1, objective=objective)
-        out_log = Transformer(config).apply({"params": params}, tokens)
-        out_std = Transformer(standard_config).apply({"params": params}, tokens)
+        out_log = forward(config, params, tokens)
+        out_std = forward(standard_config, params, tokens)
         assert not np.allclose(out_log, out_std)
 
 
