@@ -306,7 +306,7 @@ def _parse_scalar(text: str, current: Any):
         return int(float(text)) if "e" in text.lower() else int(text)
     if isinstance(current, float):
         return float(text)
-    if isinstance(current, tuple):
+    if isinstance(current, (tuple, list)):
         return tuple(part for part in text.split(",") if part)
     if current is None:
         try:
