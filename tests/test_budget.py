@@ -58,7 +58,7 @@ def test_grid_reports_budgets_too_small_for_a_depth():
     skipped = {(depth, b) for depth, b, _ in points.skipped}
     assert (48, 1e4) in skipped and (48, 1e6) in skipped
     assert all("too small" in reason for _, _, reason in points.skipped)
-    assert [p.depth for p in points] == [1, 1]
+    assert [(p.depth, p.width) for p in points] == [(1, 320)]
 
 
 @pytest.mark.parametrize("args,field", [
