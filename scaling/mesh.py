@@ -127,6 +127,8 @@ def tree_shardings(logical_specs, abstract_tree, mesh: Mesh, rules):
     """NamedShardings for every leaf of ``abstract_tree`` from a matching tree of logical PartitionSpecs."""
 
     def one(spec, leaf):
+        if not hasattr(leaf, "shape"):  # optax.MaskedNode (multi_transform, lr_rule='mup') holds no array
+            return leaf
         axes = tuple(spec) if isinstance(spec, PartitionSpec) else ()
         return NamedSharding(mesh, logical_to_spec(axes, leaf.shape, mesh, rules))
 
