@@ -1,0 +1,534 @@
+"""Launch, inspect and resume a sweep.
+
+    python -m sweeps.launch list      SWEEP_FILE --workdir DIR [--shard I/N] [--json]
+    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--json]
+    python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
+    python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
+    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--json]
+
+Every command takes ``--set key=value`` (repeatable), applied to the sweep's
+base config before the grid is expanded, e.g. ``--set steps=100``.
+
+Runs live in ``<workdir>/<sweep name>/<run_id>/``. A run's status comes from
+its directory: ``finished``, ``diverged`` or ``failed`` (its result.json),
+``resumable`` (checkpoints but no result yet) or ``pending``. ``run`` trains
+pending, resumable and failed runs, cheapest first, and skips finished and
+diverged ones (a diverged run would diverge again). A failed or diverged run
+is recorded and the sweep goes on; the summary at the end gives counts, the
+results table and what the analysis can say so far. Exit status: 0, or 1 if
+a run of this share failed, or 75 (``scaling.train.PREEMPTED_EXIT_CODE``)
+after SIGTERM, with a checkpoint saved; rerunning the same command resumes.
+
+Runs train in this process, one after another, through
+``scaling.train.run``. In-process keeps start-up cheap and lets pod-wide mode
+start ``jax.distributed`` once for the whole sweep. The price: a hard crash
+of the process (host out of memory, a segfault) stops the sweep; rerunning
+resumes from the crashed run's last checkpoint.
+
+Using many hosts:
+- ``--shard I/N`` trains share I of N (disjoint, balanced by rough cost).
+- Host-parallel (default on a multi-host TPU slice or a SLURM job): each host
+  takes the share given by its index (``TPU_WORKER_ID`` of
+  ``TPU_WORKER_HOSTNAMES``, or ``SLURM_PROCID`` of ``SLURM_NTASKS``) and trains
+  it on its own devices, without ``jax.distributed``. On TPU the launcher
+  first makes the host its own one-host slice by setting, before JAX starts,
+  ``TPU_PROCESS_BOUNDS=1,1,1``, ``TPU_HOST_BOUNDS=1,1,1``,
+  ``TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1`` and ``TPU_VISIBLE_CHIPS=0,1,2,3``
+  (hosts of multi-host v2-v6e slices have 4 chips) and
+  ``TPU_WORKER_HOSTNAMES=localhost``, ``TPU_WORKER_ID=0``; variables you set
+  yourself are kept. Under SLURM with several tasks per node, each task keeps
+  its own slice of the node's ``CUDA_VISIBLE_DEVICES``. (Only the mapping from
+  environment to share is tested; there is no TPU here.)
+- ``--pod-wide``: ``jax.distributed`` spans every host and all hosts train
+  every run together, in the same order; only process 0 prints. A run that
+  fails on only some hosts leaves the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import signal
+import sys
+
+from sweeps import spec as spec_lib
+from sweeps.spec import RunSpec, Sweep
+
+STATUSES = ("pending", "resumable", "failed", "diverged", "finished")
+TO_TRAIN = ("pending", "resumable", "failed")
+# Assumed utilisation for time estimates when no run of the sweep has finished yet.
+GUESSED_UTILISATION = 0.3
+
+
+class LauncherError(ValueError):
+    """Bad input to the launcher; printed as one line, exit status 2."""
+
+
+# ---------------------------------------------------------------------------
+# What is on disk
+
+
+class RunState(collections.namedtuple("RunState", "spec status checkpoint_step record")):
+    """A run and what its directory says: status, latest checkpoint step (or None), result record."""
+
+    def to_dict(self) -> dict:
+        record = self.record or {}
+        return {**self.spec.describe(), "status": self.status, "steps": self.spec.config.steps,
+                "checkpoint_step": self.checkpoint_step, "final_eval_loss": record.get("final_eval_loss"),
+                "wall_seconds": record.get("wall_seconds")}
+
+
+def read_state(run: RunSpec, workdir) -> RunState:
+    """The run's status from its directory, without importing the trainer or starting JAX."""
+    run_dir = run.run_dir(workdir)
+    result = run_dir / "result.json"
+    record = json.loads(result.read_text()) if result.exists() else None
+    checkpoints = run_dir / "checkpoints"
+    steps = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.exists() else []
+    step = max(steps) if steps else None
+    status = (record or {}).get("status")
+    if status not in ("finished", "diverged", "failed"):
+        status = "resumable" if step is not None else "pending"
+    return RunState(run, status, step, record)
+
+
+def read_states(runs: list[RunSpec], workdir) -> list[RunState]:
+    """``read_state`` of every run, in order; threads hide the latency of gs:// lookups."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda run: read_state(run, workdir), runs))
+
+
+def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
+    """Run directories under the sweep's directory that this expansion does not produce."""
+    from etils import epath
+
+    sweep_dir = epath.Path(workdir) / sweep.name
+    if not sweep_dir.exists():
+        return []
+    ours = {run.run_id for run in runs}
+    return sorted(p.name for p in sweep_dir.iterdir()
+                  if p.name not in ours and ((p / "config.json").exists() or (p / "result.json").exists()))
+
+
+def _write_json(path, value: dict) -> None:
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------
+# Tables
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    return format(value, spec)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def run_table(states: list[RunState]) -> str:
+    """One line per run: name, L, d, N = 12·L·d², seed, status, eval loss (nats/token)."""
+    header = ["name", "L", "d", "N (12·L·d²)", "budget", "seed", "status", "eval loss"]
+    rows = []
+    for state in states:
+        run, record = state.spec, state.record or {}
+        status = state.status + (f" @{state.checkpoint_step}" if state.status == "resumable" else "")
+        rows.append([run.name, run.depth, run.width, f"{run.params:.3g}", _fmt(run.budget, ".3g"), run.seed,
+                     status, _fmt(record.get("final_eval_loss"), ".4f")])
+    return _table(header, rows)
+
+
+def counts(states: list[RunState]) -> dict:
+    tally = collections.Counter(state.status for state in states)
+    return {status: tally[status] for status in STATUSES if tally[status]}
+
+
+def _counts_line(states) -> str:
+    return ", ".join(f"{n} {status}" for status, n in counts(states).items()) or "no runs"
+
+
+def _skipped_lines(skipped) -> list[str]:
+    return [f"skipped: depth {s.depth}, budget {s.budget:.3g}: {s.reason}" for s in skipped]
+
+
+def _foreign_note(sweep, runs, workdir) -> list[str]:
+    others = foreign_run_dirs(sweep, runs, workdir)
+    if not others:
+        return []
+    return [f"note: {len(others)} run director{'y' if len(others) == 1 else 'ies'} in "
+            f"{os.path.join(str(workdir), sweep.name)} belong to no run of this sweep (changed settings?); "
+            "`python -m analysis fit` on that directory would read them too"]
+
+
+# ---------------------------------------------------------------------------
+# Analysis summary (only this sweep's records, never other runs in the directory)
+
+
+def _finished(states: list[RunState]) -> list[RunState]:
+    return [s for s in states if s.status == "finished" and s.record.get("final_eval_loss") is not None]
+
+
+def equal_size_table(states: list[RunState]) -> str | None:
+    """Seed-mean eval loss per budget (rows) and depth (columns), or None without budgets."""
+    cells = collections.defaultdict(list)
+    for state in _finished(states):
+        if state.spec.budget is not None:
+            cells[(state.spec.budget, state.spec.depth)].append(state.record["final_eval_loss"])
+    if not cells:
+        return None
+    budgets = sorted({b for b, _ in cells})
+    depths = sorted({d for _, d in cells})
+    rows = []
+    for b in budgets:
+        row = [f"{b:.3g}"]
+        for d in depths:
+            losses = cells.get((b, d))
+            if not losses:
+                row.append("-")
+            elif len(losses) == 1:
+                row.append(f"{losses[0]:.4f}")
+            else:
+                mean = sum(losses) / len(losses)
+                std = math.sqrt(sum((x - mean) ** 2 for x in losses) / (len(losses) - 1))
+                row.append(f"{mean:.4f}±{std:.4f}")
+        rows.append(row)
+    return _table(["budget N"] + [f"L={d}" for d in depths], rows)
+
+
+def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
+    """Transitions and the log d = a + b·L fit where the finished runs allow, else why not."""
+    import pandas as pd
+
+    from analysis.errors import AnalysisInputError
+    from analysis.fit import fit_log_width
+    from analysis.transition import find_transitions, transition_points
+
+    finished = _finished(states)
+    depths = sorted({s.spec.depth for s in finished})
+    if len(depths) < 2:
+        return [f"not enough points for transitions: finished runs at {len(depths)} depth(s) {depths}; "
+                "need two or more depths"]
+    frame = pd.DataFrame([{"depth": s.spec.depth, "width": s.spec.width, "params": float(s.spec.params),
+                           "seed": s.spec.seed, "loss": s.record["final_eval_loss"]} for s in finished])
+    try:
+        transitions, test = find_transitions(frame, n_bootstrap=200)
+    except AnalysisInputError as error:
+        hint = "" if "single seed" not in str(error) else (
+            f"; to assume a seed noise anyway: python -m analysis fit {sweep_dir} --loss-std 0.02")
+        return [f"not enough points for transitions: {error}{hint}"]
+    lines = [f"significance: {test}"] + [t.message for t in transitions]
+    found_depths, widths, errors = transition_points(transitions)
+    if found_depths.size >= 2:
+        try:
+            lines.append(fit_log_width(found_depths, widths, errors).describe())
+        except AnalysisInputError as error:
+            lines.append(f"fit failed: {error}")
+    else:
+        lines.append(f"not enough points for the fit log d = a + b·L: {found_depths.size} transition(s) "
+                     "found, need 2 or more")
+    return lines
+
+
+def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
+    """Counts per status, the results table, loss at equal size and the analysis."""
+    sweep_dir = os.path.join(str(workdir), sweep.name)
+    parts = [f"== sweep {sweep.name}: {_counts_line(states)} (of {len(states)} runs)", run_table(states)]
+    equal = equal_size_table(states)
+    if equal:
+        parts += ["", "eval loss at equal size (nats/token; mean±std over seeds):", equal]
+    parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
+    parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# Commands
+
+
+def _my_share(args, allow_env: bool) -> tuple[int, int] | None:
+    """(index, count) of this process's share: --shard, else the host's place in a multi-host job."""
+    if args.shard is not None or not allow_env or getattr(args, "pod_wide", False):
+        return args.shard
+    return spec_lib.host_shard(os.environ)
+
+
+def _my_runs(runs: list[RunSpec], share, args) -> tuple[list[RunSpec], str]:
+    """This process's runs and a phrase saying which share they are."""
+    if share is None:
+        return runs, f"all {len(runs)} runs"
+    mine = spec_lib.shard(runs, *share)
+    source = "--shard" if args.shard is not None else "this host"
+    return mine, f"share {share[0]}/{share[1]} ({source}): {len(mine)} of {len(runs)} runs"
+
+
+def cmd_list(sweep: Sweep, args) -> int:
+    runs, skipped = sweep.expand()
+    mine, which = _my_runs(runs, _my_share(args, allow_env=False), args)
+    states = read_states(mine, args.workdir)
+    if args.json:
+        print(json.dumps({"sweep": sweep.name, "runs": [s.to_dict() for s in states],
+                          "skipped": [s._asdict() for s in skipped]}, indent=2))
+        return 0
+    print(f"sweep {sweep.name}: {which}; run directories under {os.path.join(str(args.workdir), sweep.name)}")
+    print(run_table(states))
+    for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
+        print(line)
+    return 0
+
+
+def _throughput(states: list[RunState]) -> float | None:
+    """FLOP/s the finished runs reached, wall time including compilation and evaluation."""
+    done = [s for s in states if s.status == "finished" and (s.record or {}).get("wall_seconds")]
+    seconds = sum(s.record["wall_seconds"] for s in done)
+    return sum(s.spec.flops for s in done) / seconds if seconds > 0 else None
+
+
+def cmd_dry_run(sweep: Sweep, args) -> int:
+    runs, skipped = sweep.expand()
+    mine, which = _my_runs(runs, _my_share(args, allow_env=True), args)
+    states = read_states(mine, args.workdir)
+    actions = {"pending": "train", "failed": "retry", "diverged": "skip (diverged)", "finished": "skip"}
+    todo = [s for s in states if s.status in TO_TRAIN]
+    flops = sum(s.spec.flops for s in todo)
+    measured = _throughput(read_states(runs, args.workdir))
+    base = sweep.base
+    speed, how = ((measured, "the speed this sweep's finished runs reached") if measured else
+                  (GUESSED_UTILISATION * base.peak_flops,
+                   f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess"))
+    if args.json:
+        rows = [{**s.to_dict(), "action": actions.get(s.status, f"resume from step {s.checkpoint_step}"),
+                 "flops": s.spec.flops} for s in states]
+        print(json.dumps({"sweep": sweep.name, "share": which, "runs": rows, "to_train": len(todo),
+                          "tokens": sum(s.spec.tokens for s in todo), "flops": flops,
+                          "device_hours": flops / speed / 3600, "speed_flops_per_second": speed,
+                          "skipped": [s._asdict() for s in skipped]}, indent=2))
+        return 0
+    print(f"dry run of sweep {sweep.name}: {which}")
+    header = ["name", "L", "d", "N (12·L·d²)", "seed", "status", "action", "tokens", "FLOPs"]
+    rows = [[s.spec.name, s.spec.depth, s.spec.width, f"{s.spec.params:.3g}", s.spec.seed, s.status,
+             actions.get(s.status, f"resume from step {s.checkpoint_step}"), f"{s.spec.tokens:.3g}",
+             f"{s.spec.flops:.2g}"] for s in states]
+    print(_table(header, rows))
+    tally = collections.Counter(s.status for s in states)
+    print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
+          f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
+    print(f"cost: {sum(s.spec.tokens for s in todo):.3g} training tokens, ≈{flops:.2g} FLOPs "
+          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {flops / speed / 3600:.3g} device-hours at {how}; "
+          "compilation and evaluation add to this")
+    for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
+        print(line)
+    return 0
+
+
+def cmd_status(sweep: Sweep, args) -> int:
+    runs, skipped = sweep.expand()
+    mine, which = _my_runs(runs, _my_share(args, allow_env=False), args)
+    states = read_states(mine, args.workdir)
+    if args.json:
+        print(status_json(sweep, states, skipped, which, args.workdir))
+        return 0
+    print(summary(sweep, states, args.workdir))
+    return 0
+
+
+def status_json(sweep: Sweep, states: list[RunState], skipped, which: str, workdir) -> str:
+    """The ``status --json`` object: counts per status and one entry per run."""
+    return json.dumps({"sweep": sweep.name, "workdir": str(workdir), "share": which, "total": len(states),
+                       "counts": counts(states), "runs": [s.to_dict() for s in states],
+                       "skipped": [s._asdict() for s in skipped]}, indent=2)
+
+
+def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None:
+    """One wandb run of job_type "sweep" in the sweep's group: the sweep config and the results table.
+
+    Opened only after the training runs are done, because wandb keeps one
+    active run per process and the trainer's runs come first.
+    """
+    from scaling.track import wandb_mode
+
+    mode = wandb_mode(sweep.base.wandb_mode)
+    if mode == "disabled":
+        return
+    import wandb
+
+    local = not str(sweep_dir).startswith(("gs://", "s3://"))
+    run = wandb.init(project=sweep.base.wandb_project, group=sweep.name, job_type="sweep", name=f"{sweep.name}-sweep",
+                     id=f"sweep-{sweep.digest()}", resume="allow", config=sweep.to_dict(), mode=mode,
+                     dir=str(sweep_dir) if local else None, settings=wandb.Settings(silent=True, console="off"))
+    columns = ["name", "run_id", "depth", "width", "params", "seed", "peak_lr", "status", "final_eval_loss"]
+    table = wandb.Table(columns=columns, data=[[s.to_dict()[c] for c in columns] for s in states])
+    run.log({"runs": table, **{f"runs_{status}": n for status, n in counts(states).items()}})
+    run.finish()
+
+
+def cmd_run(sweep: Sweep, args) -> int:
+    runs, skipped = sweep.expand()
+    if args.pod_wide:
+        if args.shard is not None:
+            raise LauncherError("--pod-wide trains every run on all hosts together; it cannot take --shard")
+        from scaling import mesh as mesh_lib
+
+        mesh_lib.initialize_distributed()
+    share = _my_share(args, allow_env=True)  # read the host's index before the next line hides it
+    if not args.pod_wide:
+        os.environ.update(spec_lib.host_parallel_env(os.environ))  # before JAX starts its backend
+    mine, which = _my_runs(runs, share, args)
+
+    import jax
+    from etils import epath
+    from tqdm.auto import tqdm
+
+    from scaling import train
+
+    main_process = jax.process_index() == 0
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
+    say = (lambda text: tqdm.write(text, file=out)) if main_process else (lambda *_: None)
+    first_share = share is None or share[0] == 0
+    sweep_dir = epath.Path(args.workdir) / sweep.name
+    if main_process and (args.pod_wide or first_share):
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(sweep_dir / "sweep.json", sweep.to_dict())
+
+    states = read_states(mine, args.workdir)
+    todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
+    say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {_counts_line(states)}")
+    for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
+        say(line)
+
+    stop = {"requested": False}
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
+    bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="run", disable=not main_process,
+               dynamic_ncols=True, file=sys.stderr)
+    try:
+        for state in todo:
+            run, run_dir = state.spec, state.spec.run_dir(args.workdir)
+            try:
+                result = train.run(run.config, run_dir, show_progress=main_process)
+            except train.Preempted as stopped:
+                say(f"{run.name}: {stopped}; rerun the same command to resume")
+                return train.PREEMPTED_EXIT_CODE
+            except Exception as error:  # noqa: BLE001 - record it, report it, go on with the sweep
+                message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                record = read_state(run, args.workdir).record or {}
+                if main_process and record.get("status") != "failed":
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    _write_json(run_dir / "result.json", {
+                        **run.describe(), "status": "failed", "sweep": sweep.name,
+                        "error": f"{type(error).__name__}: {message}"})
+                say(f"{run.name}: failed: {type(error).__name__}: {message} (recorded in {run_dir})")
+            else:
+                say(f"{run.name}: {result['status']}, eval loss {_fmt(result.get('final_eval_loss'), '.4f')}, "
+                    f"{result.get('steps')} steps in {_fmt(result.get('wall_seconds'), '.0f')} s")
+            bar.update(1)
+            if stop["requested"]:
+                say(f"stopping after {run.name}: SIGTERM received; rerun the same command to resume")
+                return train.PREEMPTED_EXIT_CODE
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, previous_handler)
+
+    all_states = read_states(runs, args.workdir)
+    mine_now = [s for s in all_states if s.spec.run_id in {r.run_id for r in mine}]
+    if main_process:
+        text = status_json(sweep, all_states, skipped, f"all {len(runs)} runs", args.workdir) if args.json else summary(
+            sweep, all_states, args.workdir)
+        print(text, flush=True)
+        if args.pod_wide or first_share:
+            _log_sweep_to_wandb(sweep, all_states, sweep_dir)
+    return 1 if any(s.status == "failed" for s in mine_now) else 0
+
+
+def cmd_preflight(sweep: Sweep, args) -> int:
+    try:
+        from sweeps import preflight
+    except ImportError as error:
+        raise LauncherError(f"the TPU preflight (sweeps/preflight.py) is not available: {error}") from None
+    return preflight.main(sweep, args)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one error line instead of usage + error."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _shard_arg(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or not int(match.group(1)) < int(match.group(2)):
+        raise argparse.ArgumentTypeError(f"--shard wants I/N with 0 <= I < N, e.g. 0/4; got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+COMMANDS = {
+    "list": (cmd_list, "table of the sweep's runs: name, L, d, N = 12·L·d², seed, status"),
+    "dry-run": (cmd_dry_run, "what `run` would do here: which runs train, resume or skip; tokens and rough cost"),
+    "run": (cmd_run, "train the pending runs (skip finished, resume interrupted), then print a summary"),
+    "status": (cmd_status, "counts per status, results table and analysis (--json: counts and run list)"),
+    "preflight": (cmd_preflight, "compile every run ahead of time for a TPU topology (no TPU needed)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m sweeps.launch`` argument parser."""
+    parser = _Parser(prog="python -m sweeps.launch", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = _Parser(add_help=False)
+    common.add_argument("sweep_file", metavar="SWEEP_FILE",
+                        help="Python file defining sweep() -> sweeps.spec.Sweep, e.g. sweeps/configs/smoke.py")
+    common.add_argument("--workdir", default="runs",
+                        help="root of the run directories, local or gs:// (default: runs); runs go to "
+                             "WORKDIR/<sweep name>/<run id>/")
+    common.add_argument("--shard", type=_shard_arg, metavar="I/N",
+                        help="only share I of N of the runs (disjoint, balanced by cost), e.g. 0/4")
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a base-config field before expansion, e.g. steps=100 (repeatable)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (function, help_text) in COMMANDS.items():
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
+        sub.set_defaults(function=function)
+        if name in ("run", "dry-run"):
+            sub.add_argument("--pod-wide", action="store_true",
+                             help="all hosts train every run together (jax.distributed); default on a "
+                                  "multi-host slice or SLURM job: each host trains its own share")
+        if name == "preflight":
+            sub.add_argument("--topology", required=True,
+                             help="TPU topology to compile for, e.g. v5e:4x4 (16 chips)")
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the CLI; returns the exit status (2 for unusable input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
+        return args.function(sweep, args)
+    except ValueError as error:  # SweepFileError, LauncherError and config validation errors
+        print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog} {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""A sweep: depths × (parameter budgets or widths) × seeds (× learning rates), expanded into runs.
+
+A sweep file is a Python file that defines ``sweep() -> Sweep`` (or a module
+level ``SWEEP``); its docstring holds the command that runs it. Expanding a
+sweep is pure bookkeeping: it never builds the data pipeline or touches a
+device, so a pod-sized sweep lists instantly on a laptop.
+
+Each run is a ``RunSpec``:
+- ``name``: readable, ``L12-d768-s0`` (``-lr3e-03`` appended when the sweep
+  has a learning-rate grid);
+- ``run_id``: ``scaling.config.config_id`` of the resolved ``TrainConfig``, a
+  hash of everything that changes the trained model. Changing steps, data or
+  optimizer gives new run ids, so stale results are never mistaken for new
+  ones; changing presentation fields (wandb, logging, checkpoint cadence,
+  mesh) keeps them;
+- its run directory ``<workdir>/<sweep name>/<run_id>/``, which is exactly
+  what ``scaling.train.run`` writes into.
+
+Widths come from ``scaling.budget.grid`` (width = sqrt(N / 12L) rounded to a
+multiple of ``multiple_of``). A budget too small for a depth, or one that
+rounds to a width an earlier budget already gave, is listed in
+``Expansion.skipped`` rather than raised.
+
+Many hosts split a sweep with ``shard``; ``host_shard`` reads a host's share
+from a TPU slice's or SLURM job's environment, and ``host_parallel_env`` gives
+the variables that confine each host's JAX to its own devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import pathlib
+import re
+import runpy
+from typing import NamedTuple
+
+import numpy as np
+
+from scaling import budget
+from scaling.config import TrainConfig, config_id, override, to_dict
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Fields the grid sets on every run; --set may not change them.
+GRID_FIELDS = ("model.depth", "model.width", "seed", "name", "sweep_name")
+TPU_CHIPS_PER_HOST = 4  # every host of a multi-host v2, v3, v4, v5e, v5p or v6e slice
+
+
+class SweepFileError(ValueError):
+    """A sweep file that cannot be loaded; the message is one line naming the file."""
+
+
+def lr_tag(lr: float) -> str:
+    """Shortest scientific form of a learning rate that keeps its digits: 3e-03, 3.5e-03, 1e+09."""
+    return np.format_float_scientific(lr, trim="-", exp_digits=2)
+
+
+def training_flops(config: TrainConfig) -> float:
+    """Rough training cost of ``config`` in FLOPs (forward + backward = 3 × forward).
+
+    Per token: 6·(12·L·d² + V·d) for the layer and unembedding matmuls, plus
+    12·L·T·d for attention scores and values over a sequence of T tokens.
+    Evaluation and compilation are not counted.
+    """
+    model, seq_len = config.model, config.data.seq_len
+    matmul = budget.non_embedding_params(model.depth, model.width) + model.vocab_size * model.width
+    per_token = 6.0 * matmul + 12.0 * model.depth * seq_len * model.width
+    return per_token * config.steps * config.batch_size * seq_len
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One training run of a sweep: a resolved config, its stable id and readable name.
+
+    ``budget`` is the parameter budget (non-embedding N) the width was solved
+    for, or None when the sweep gives explicit widths.
+    """
+
+    name: str
+    run_id: str
+    config: TrainConfig
+    budget: float | None = None
+
+    @property
+    def depth(self) -> int:
+        return self.config.model.depth
+
+    @property
+    def width(self) -> int:
+        return self.config.model.width
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def params(self) -> int:
+        """Non-embedding size N = 12·L·d² in parameters."""
+        return budget.non_embedding_params(self.depth, self.width)
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens: steps × batch (sequences) × sequence length."""
+        return self.config.steps * self.config.batch_size * self.config.data.seq_len
+
+    @property
+    def flops(self) -> float:
+        return training_flops(self.config)
+
+    def run_dir(self, workdir):
+        """``<workdir>/<sweep name>/<run_id>`` as an ``etils.epath.Path`` (local or gs://)."""
+        from etils import epath
+
+        return epath.Path(workdir) / self.config.sweep_name / self.run_id
+
+    def describe(self) -> dict:
+        """JSON-ready identity and shape of the run (parameters, tokens)."""
+        return {"name": self.name, "run_id": self.run_id, "depth": self.depth, "width": self.width,
+                "params": self.params, "budget": self.budget, "seed": self.seed,
+                "peak_lr": self.config.optim.peak_lr, "tokens": self.tokens}
+
+
+class Skipped(NamedTuple):
+    """A (depth, budget) pair that gave no run, and why."""
+
+    depth: int
+    budget: float
+    reason: str
+
+
+class Expansion(NamedTuple):
+    runs: list[RunSpec]
+    skipped: list[Skipped]
+
+
+def _ints(values, field: str) -> tuple[int, ...]:
+    values = tuple(values)
+    if not values or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{field}={values!r} is invalid: allowed a non-empty sequence of integers")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{field}={values!r} is invalid: values must be distinct")
+    return tuple(int(v) for v in values)
+
+
+def _positive_floats(values, field: str) -> tuple[float, ...]:
+    values = tuple(float(v) for v in values)
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"{field}={values!r} is invalid: allowed a non-empty sequence of positive numbers")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{field}={values!r} is invalid: values must be distinct")
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A grid of training runs sharing one base config.
+
+    - ``depths``: layer counts L.
+    - ``budgets``: non-embedding sizes N = 12·L·d² (parameters), the same for
+      every depth (a sequence) or per depth (a dict depth -> sequence);
+      widths are solved per depth. Give either ``budgets`` or ``widths``.
+    - ``widths``: explicit widths per depth (dict depth -> sequence, channels).
+    - ``seeds``: one run per seed (initialisation and data order).
+    - ``lr_grid``: optional ``optim.peak_lr`` values, one run per value per shape.
+    - ``multiple_of``: width rounding in channels; keep it a multiple of
+      ``base.model.head_dim`` so every width splits into whole heads.
+    Validated on construction: a bad sweep fails before anything runs.
+    """
+
+    name: str
+    base: TrainConfig
+    depths: tuple[int, ...]
+    budgets: tuple[float, ...] | dict = ()
+    widths: dict | None = None
+    seeds: tuple[int, ...] = (0,)
+    lr_grid: tuple[float, ...] = ()
+    multiple_of: int = 64
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
+            raise ValueError(f"name={self.name!r} is invalid: allowed letters, digits, '.', '_' and '-' "
+                             "(it names the sweep's directory and wandb group)")
+        if not isinstance(self.base, TrainConfig):
+            raise ValueError(f"base={type(self.base).__name__} is invalid: allowed a scaling.config.TrainConfig")
+        set_ = lambda field, value: object.__setattr__(self, field, value)  # noqa: E731 - frozen dataclass
+        set_("depths", _ints(self.depths, "depths"))
+        if min(self.depths) < 1:
+            raise ValueError(f"depths={self.depths!r} is invalid: allowed integers >= 1")
+        if bool(self.budgets) == bool(self.widths):
+            raise ValueError("give exactly one of budgets (parameters; widths solved per depth) "
+                             "or widths (dict depth -> widths)")
+        if isinstance(self.budgets, dict):
+            set_("budgets", self._per_depth(self.budgets, "budgets", _positive_floats))
+        elif self.budgets:
+            set_("budgets", _positive_floats(self.budgets, "budgets"))
+        if self.widths:
+            set_("widths", self._per_depth(self.widths, "widths", _ints))
+            if min(min(w) for w in self.widths.values()) < 1:
+                raise ValueError(f"widths={self.widths!r} is invalid: allowed integers >= 1")
+        set_("seeds", _ints(self.seeds, "seeds"))
+        if min(self.seeds) < 0:
+            raise ValueError(f"seeds={self.seeds!r} is invalid: allowed integers >= 0")
+        set_("lr_grid", _positive_floats(self.lr_grid, "lr_grid") if self.lr_grid else ())
+        if not isinstance(self.multiple_of, int) or self.multiple_of < 1:
+            raise ValueError(f"multiple_of={self.multiple_of!r} is invalid: allowed an integer >= 1")
+        self.expand()  # every run's config validates now, not when it is reached
+
+    def _per_depth(self, mapping: dict, field: str, parse) -> dict:
+        if set(mapping) != set(self.depths):
+            raise ValueError(f"{field} keys {sorted(mapping)} must be exactly the depths {sorted(self.depths)}")
+        return {int(depth): parse(mapping[depth], f"{field}[{depth}]") for depth in self.depths}
+
+    def _shapes(self) -> tuple[list[tuple[int, int, float | None]], list[Skipped]]:
+        if self.widths:
+            return [(depth, width, None) for depth in self.depths for width in self.widths[depth]], []
+        shapes, skipped = [], []
+        for depth in self.depths:
+            budgets = self.budgets[depth] if isinstance(self.budgets, dict) else self.budgets
+            points = budget.grid([depth], budgets, self.multiple_of)
+            skipped += [Skipped(d, b, reason) for d, b, reason in points.skipped]
+            used = {p.budget for p in points} | {s.budget for s in skipped if s.depth == depth}
+            by_width = {p.width: p.budget for p in points}
+            for leftover in sorted(set(budgets) - used):
+                width = budget.width_for_budget(depth, leftover, self.multiple_of)
+                skipped.append(Skipped(depth, leftover, f"rounds to width {width}, already given by budget "
+                                                        f"{by_width[width]:.3g}"))
+            shapes += [(p.depth, p.width, p.budget) for p in points]
+        return shapes, skipped
+
+    def expand(self) -> Expansion:
+        """All runs (ordered by depth, width, learning rate, seed) and the budgets that gave none."""
+        shapes, skipped = self._shapes()
+        runs = []
+        for depth, width, point_budget in shapes:
+            for lr in self.lr_grid or (None,):
+                for seed in self.seeds:
+                    runs.append(self._run(depth, width, seed, lr, point_budget))
+        names = [run.name for run in runs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sweep {self.name}: two runs share a name; are widths or lr_grid values repeated?")
+        return Expansion(runs, skipped)
+
+    def _run(self, depth, width, seed, lr, point_budget) -> RunSpec:
+        name = f"L{depth}-d{width}-s{seed}" + (f"-lr{lr_tag(lr)}" if lr is not None else "")
+        base = self.base
+        optim = base.optim if lr is None else dataclasses.replace(base.optim, peak_lr=lr)
+        try:
+            config = dataclasses.replace(base, model=dataclasses.replace(base.model, depth=depth, width=width),
+                                         optim=optim, seed=seed, sweep_name=self.name, name=name)
+        except ValueError as error:
+            raise ValueError(f"sweep {self.name}, run {name}: {error}") from None
+        return RunSpec(name=name, run_id=config_id(config), config=config, budget=point_budget)
+
+    def to_dict(self) -> dict:
+        """JSON-ready description: the base config, the grid, and the runs it gives."""
+        runs, skipped = self.expand()
+        per_depth = lambda value: {str(k): list(v) for k, v in value.items()}  # noqa: E731
+        return {"name": self.name, "base": to_dict(self.base), "depths": list(self.depths),
+                "budgets": per_depth(self.budgets) if isinstance(self.budgets, dict) else list(self.budgets),
+                "widths": per_depth(self.widths) if self.widths else None, "seeds": list(self.seeds),
+                "lr_grid": list(self.lr_grid), "multiple_of": self.multiple_of,
+                "runs": [{"name": run.name, "run_id": run.run_id} for run in runs],
+                "skipped": [skip._asdict() for skip in skipped]}
+
+    def digest(self) -> str:
+        """A short stable hash of ``to_dict()`` (12 hex characters)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def with_overrides(sweep: Sweep, assignments: list[str]) -> Sweep:
+    """The sweep with ``key=value`` overrides applied to its base config (``--set``)."""
+    if not assignments:
+        return sweep
+    for assignment in assignments:
+        key = assignment.split("=", 1)[0]
+        if key in GRID_FIELDS or (key == "optim.peak_lr" and sweep.lr_grid):
+            raise ValueError(f"--set {assignment}: {key} is set per run by the sweep grid; edit the sweep file")
+    return dataclasses.replace(sweep, base=override(sweep.base, assignments))
+
+
+def shard(runs: list[RunSpec], index: int, count: int) -> list[RunSpec]:
+    """Share ``index`` of ``count`` of ``runs``: disjoint, together complete, balanced in rough cost.
+
+    Runs are dealt longest first (by ``training_flops``, ties by run id) to
+    the share with the least work so far. The result depends only on the
+    runs, never on which have finished, so every host computes the same
+    split however often it restarts. Returned in the order of ``runs``.
+    """
+    if not (isinstance(count, int) and count >= 1 and isinstance(index, int) and 0 <= index < count):
+        raise ValueError(f"shard {index}/{count} is invalid: allowed I/N with 0 <= I < N")
+    loads, mine = [0.0] * count, set()
+    for run in sorted(runs, key=lambda r: (-r.flops, r.run_id)):
+        target = min(range(count), key=lambda k: (loads[k], k))
+        loads[target] += run.flops
+        if target == index:
+            mine.add(run.run_id)
+    return [run for run in runs if run.run_id in mine]
+
+
+def host_shard(environ) -> tuple[int, int] | None:
+    """(host index, host count) of a multi-host TPU slice or SLURM job, or None on one host."""
+    hosts = [h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    try:
+        if len(hosts) > 1:
+            return int(environ["TPU_WORKER_ID"]), len(hosts)
+        tasks = int(environ.get("SLURM_NTASKS") or 1)
+        if tasks > 1:
+            return int(environ["SLURM_PROCID"]), tasks
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"cannot tell this host's index from the environment ({error!r} missing or not "
+                         "an integer); pass --shard I/N") from None
+    return None
+
+
+def _tasks_per_node(environ) -> int:
+    text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or "1"
+    match = re.match(r"\d+", text)  # SLURM_TASKS_PER_NODE looks like "8(x2)"
+    return int(match.group()) if match else 1
+
+
+def host_parallel_env(environ) -> dict[str, str]:
+    """Environment changes that make this host a single-process JAX job on only its own devices.
+
+    Must be applied before JAX starts its backend.
+    """
+    updates = {}
+    if "," in environ.get("TPU_WORKER_HOSTNAMES", "") and "TPU_PROCESS_BOUNDS" not in environ:
+        chips = ",".join(str(i) for i in range(TPU_CHIPS_PER_HOST))
+        updates.update(TPU_PROCESS_BOUNDS="1,1,1", TPU_HOST_BOUNDS="1,1,1",
+                       TPU_CHIPS_PER_PROCESS_BOUNDS=environ.get("TPU_CHIPS_PER_PROCESS_BOUNDS", "2,2,1"),
+                       TPU_VISIBLE_CHIPS=environ.get("TPU_VISIBLE_CHIPS", chips),
+                       TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
+    gpus = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    per_node = _tasks_per_node(environ)
+    if int(environ.get("SLURM_NTASKS") or 1) > 1 and per_node > 1 and gpus and len(gpus) % per_node == 0:
+        share = len(gpus) // per_node
+        local = int(environ.get("SLURM_LOCALID", "0"))
+        updates["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[local * share:(local + 1) * share])
+    return updates
+
+
+def load_sweep(path) -> Sweep:
+    """Run a sweep file and return its ``Sweep`` (from ``sweep()`` or ``SWEEP``).
+
+    Raises ``SweepFileError`` with a one-line reason for a missing file, a
+    file that raises, or one that defines no sweep.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise SweepFileError(f"sweep file {path}: no such file")
+    try:
+        namespace = runpy.run_path(str(path), run_name="__sweep_file__")
+        if callable(namespace.get("sweep")):
+            value = namespace["sweep"]()
+        elif "SWEEP" in namespace:
+            value = namespace["SWEEP"]
+        else:
+            raise SweepFileError(f"sweep file {path}: defines neither sweep() nor SWEEP")
+    except SweepFileError:
+        raise
+    except Exception as error:  # noqa: BLE001 - anything a user's file raises becomes one line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise SweepFileError(f"sweep file {path}: {type(error).__name__}: {first}") from None
+    if not isinstance(value, Sweep):
+        raise SweepFileError(f"sweep file {path}: sweep() gave a {type(value).__name__}, not a sweeps.spec.Sweep")
+    return value
