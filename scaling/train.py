@@ -31,6 +31,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -292,6 +293,22 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
     previous = read_result(run_dir)
     if previous and previous.get("status") == "finished":
         return previous
+    # Listen for SIGTERM from the start: a preemption during data loading or
+    # compilation must stop the run too, not only one arriving mid-training.
+    stop_requested = {"flag": False}
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous_handler = signal.getsignal(signal.SIGTERM)
+    if in_main_thread:
+        signal.signal(signal.SIGTERM, lambda *_: stop_requested.__setitem__("flag", True))
+    try:
+        return _prepare_and_train(config, run_dir, devices, show_progress, stop_requested)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _prepare_and_train(config: TrainConfig, run_dir: epath.Path, devices, show_progress: bool,
+                       stop_requested: dict) -> dict:
     main_process = jax.process_index() == 0
     pipeline = data.build(config.data)
     config = resolve_config(config, pipeline)
@@ -317,7 +334,7 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         _write_json(existing_config, to_dict(config))
 
     try:
-        return _train(config, run_dir, pipeline, mesh, record, show_progress)
+        return _train(config, run_dir, pipeline, mesh, record, show_progress, stop_requested)
     except Preempted:
         raise
     except BaseException as error:
@@ -328,7 +345,8 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         raise
 
 
-def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dict, show_progress: bool) -> dict:
+def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dict, show_progress: bool,
+           stop_requested: dict) -> dict:
     started = time.perf_counter()
     main_process = jax.process_index() == 0
     mask_id = pipeline.mask_id if (config.model.objective == "masked" and pipeline.kind == "lm") else None
@@ -358,10 +376,10 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dic
         meta["initial_eval_loss"] = evaluate(program, state["params"], validation, config.batch_size)
         tracker.log(start_step, {"eval_loss": meta["initial_eval_loss"]})
 
-    stop_requested = {"flag": False}
-    previous_handler = signal.getsignal(signal.SIGTERM)
-    if main_process or jax.process_count() > 1:
-        signal.signal(signal.SIGTERM, lambda *_: stop_requested.__setitem__("flag", True))
+    if _agree(stop_requested["flag"]):  # SIGTERM while loading or compiling: nothing new to save
+        manager.close()
+        tracker.close(exit_code=PREEMPTED_EXIT_CODE)
+        raise Preempted(f"stopped by SIGTERM before training resumed at step {start_step}")
 
     def save(step, force=False):
         manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -411,7 +429,6 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dic
                 tracker.close(exit_code=PREEMPTED_EXIT_CODE)
                 raise Preempted(f"stopped by SIGTERM after step {done}; checkpoint saved")
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
