@@ -185,7 +185,16 @@ def cmd_fit(args) -> int:
 def cmd_plot(args) -> int:
     from analysis import plots  # matplotlib only when drawing
 
-    table, transitions, test, fit, message = _analyse(args)
+    try:
+        table, transitions, test, fit, message = _analyse(args)
+    except AnalysisInputError as error:
+        if "single seed" not in str(error):
+            raise
+        # No seed noise, so no transitions; the loss curves are still worth drawing.
+        from analysis.results import load_runs
+
+        table = load_runs(args.source, fingerprint=args.fingerprint)
+        transitions, test, fit, message = [], None, None, str(error)
     reference = projection.resolve_fit(args.fit)
     budgets = projection.resolve_budgets(args.preset) if args.preset else ()
     paths = plots.write_sweep_figures(table.runs, transitions, fit, args.out, reference=reference,

@@ -168,6 +168,23 @@ def plot_threshold(fit: LogWidthFit, widths=None, ax=None):
     return ax
 
 
+def plot_loss_curves(runs, ax=None):
+    """Seed-mean eval loss (nats/token, ± seed std) against N = 12·L·d² for every depth of a sweep."""
+    if ax is None:
+        ax = Figure(figsize=(5.4, 3.8)).subplots()
+    points = aggregate_seeds(runs)
+    for depth in sorted(points["depth"].unique()):
+        rows = points[points["depth"] == depth].sort_values("params")
+        ax.errorbar(rows["params"], rows["loss_mean"], yerr=rows["loss_std"].fillna(0.0), fmt="o-", ms=3.5,
+                    lw=1.2, capsize=2, label=f"L = {depth}")
+    ax.set_xscale("log")
+    ax.set_xlabel("non-embedding parameters N = 12·L·d²")
+    ax.set_ylabel("eval loss (nats/token)")
+    ax.set_title("loss against size, by depth")
+    ax.legend(fontsize=8)
+    return ax
+
+
 def write_sweep_figures(runs, transitions, fit: LogWidthFit | None, out_dir, reference: LogWidthFit,
                         budgets=()) -> list[Path]:
     """All figures for a sweep: one per depth pair, the width fit (if ``fit``), N_tr(L) over the
@@ -176,7 +193,7 @@ def write_sweep_figures(runs, transitions, fit: LogWidthFit | None, out_dir, ref
     ``reference`` is drawn when the data gave no fit of its own. Returns the
     written paths (PNG and PDF for each figure).
     """
-    paths = []
+    paths = save_figure(plot_loss_curves(runs).figure, out_dir, "loss_vs_size")
     for transition in transitions:
         paths += save_figure(plot_depth_pair(runs, transition)[0].figure, out_dir,
                              f"pair_L{transition.shallow_depth}_L{transition.deep_depth}")

@@ -187,3 +187,21 @@ def test_bad_argument_is_one_line():
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "'lots'" in lines[0]
+
+
+def test_plot_draws_loss_curves_for_a_single_seed_sweep(tmp_path):
+    """One seed per point gives no transitions, but the loss curves are still drawn."""
+    import subprocess
+    import sys
+
+    rows = ["depth,width,params,seed,loss"]
+    for depth, widths in ((1, (48, 64, 128)), (2, (32, 48, 96))):
+        for width in widths:
+            rows.append(f"{depth},{width},{12 * depth * width**2},0,{2.5 - 0.001 * width + 0.1 * depth}")
+    source = tmp_path / "single_seed.csv"
+    source.write_text("\n".join(rows) + "\n")
+    out = subprocess.run([sys.executable, "-m", "analysis", "plot", str(source), "--out", str(tmp_path / "figs")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "figs" / "loss_vs_size.png").stat().st_size > 1000
+    assert "single seed" in out.stdout
