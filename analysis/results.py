@@ -1,6 +1,8 @@
 """Run records -> one table of (depth, width, params, seed, loss), then seed means.
 
-Two inputs are accepted:
+Two inputs are accepted, each a local path or a URL such as
+``gs://bucket/sweeps/paper`` (read through fsspec, the layer under the
+trainer's ``etils.epath``; ``gs://`` needs gcsfs, part of the ``tpu`` extra):
 
 * a sweep directory, searched recursively for the ``result.json`` records the
   trainer writes. Only runs with ``status == "finished"`` enter the table; the
@@ -19,8 +21,9 @@ import collections
 import dataclasses
 import json
 import math
-from pathlib import Path
+import posixpath
 
+import fsspec
 import numpy as np
 import pandas as pd
 
@@ -71,22 +74,26 @@ def load_runs(source, fingerprint: str | None = None) -> RunTable:
     enough) when a sweep directory holds several. Raises ``AnalysisInputError``
     with a one-line reason for anything unusable.
     """
-    path = Path(source)
-    if not path.exists():
+    try:
+        fs, path = fsspec.core.url_to_fs(str(source))
+    except (ImportError, ValueError) as error:  # e.g. gs:// without gcsfs installed
+        raise AnalysisInputError(f"{source}: cannot open: {error}") from None
+    if not fs.exists(path):
         raise AnalysisInputError(f"{source}: no such file or directory")
-    if path.is_dir():
-        table = _load_sweep_dir(path, fingerprint)
+    if fs.isdir(path):
+        table = _load_sweep_dir(fs, path, str(source), fingerprint)
     else:
-        table = _load_csv(path)
+        table = _load_csv(fs, path, str(source))
     _validate(table.runs, str(source))
     return table
 
 
-def _load_csv(path: Path) -> RunTable:
-    if path.stat().st_size == 0:
+def _load_csv(fs, file: str, path: str) -> RunTable:
+    if fs.size(file) == 0:
         raise AnalysisInputError(f"{path}: file is empty")
     try:
-        frame = pd.read_csv(path)
+        with fs.open(file, "rb") as handle:
+            frame = pd.read_csv(handle)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise AnalysisInputError(f"{path}: not a readable CSV ({first_line})") from None
@@ -107,10 +114,10 @@ def _load_csv(path: Path) -> RunTable:
                 f"{path}: column {column} has a non-numeric value {frame[column].iloc[row - 2]!r} on line {row}")
         frame[column] = values
     _check_params_column(frame, path)
-    return RunTable(runs=frame, source=str(path), skipped={})
+    return RunTable(runs=frame, source=path, skipped={})
 
 
-def _check_params_column(frame: pd.DataFrame, path: Path) -> None:
+def _check_params_column(frame: pd.DataFrame, path: str) -> None:
     expected = non_embedding_params(frame["depth"], frame["width"])
     relative = np.abs(frame["params"].to_numpy(float) / expected - 1.0)
     bad = np.flatnonzero(relative > _PARAMS_TOLERANCE)
@@ -122,14 +129,16 @@ def _check_params_column(frame: pd.DataFrame, path: Path) -> None:
             f"(12·L·d² = {expected[bad[0]]:.4g})")
 
 
-def _load_sweep_dir(root: Path, fingerprint: str | None) -> RunTable:
-    files = sorted(root.rglob("result.json"))
-    if not files:
+def _load_sweep_dir(fs, directory: str, root: str, fingerprint: str | None) -> RunTable:
+    # One recursive listing (a single request on an object store), not a walk.
+    found = sorted(fs.glob(directory.rstrip("/") + "/**/result.json"))
+    if not found:
         raise AnalysisInputError(f"{root}: no result.json records found under this directory")
     records, skipped = [], collections.Counter()
-    for file in files:
+    for found_file in found:
+        file = root.rstrip("/") + found_file[len(directory.rstrip("/")):]  # as the caller named it
         try:
-            record = json.loads(file.read_text())
+            record = json.loads(fs.cat_file(found_file))
         except (json.JSONDecodeError, UnicodeDecodeError):
             skipped["unreadable record"] += 1
             continue
@@ -146,18 +155,19 @@ def _load_sweep_dir(root: Path, fingerprint: str | None) -> RunTable:
         records.append((file, record))
     if not records:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
-        raise AnalysisInputError(f"{root}: no finished runs among {len(files)} records ({reasons})")
+        raise AnalysisInputError(f"{root}: no finished runs among {len(found)} records ({reasons})")
 
     records, chosen = _select_fingerprint(records, fingerprint, root, skipped)
     rows = [{"depth": record["depth"], "width": record["width"], "seed": record["seed"],
-             "loss": record["final_eval_loss"], "name": record.get("name", file.parent.name)}
+             "loss": record["final_eval_loss"],
+             "name": record.get("name", posixpath.basename(posixpath.dirname(file)))}
             for file, record in records]
     frame = pd.DataFrame(rows)
     for column in ("depth", "width", "seed", "loss"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     frame["params"] = non_embedding_params(frame["depth"], frame["width"])
     frame = frame[list(CSV_COLUMNS) + ["name"]]
-    return RunTable(runs=frame, source=str(root), skipped=dict(skipped), fingerprint=chosen)
+    return RunTable(runs=frame, source=root, skipped=dict(skipped), fingerprint=chosen)
 
 
 def _select_fingerprint(records, wanted, root, skipped):

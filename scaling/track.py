@@ -47,7 +47,7 @@ class Tracker:
         self.is_main = is_main_process
         self._metrics_path = self.run_dir / "metrics.jsonl"
         self._pending: list[str] = []
-        self._local = not str(run_dir).startswith(("gs://", "s3://", "memory://"))
+        self._local = "://" not in str(run_dir)  # gs://, s3://, memory:// ... are object stores
         self.wandb_run = None
         self.wandb_id = wandb_id
         self.mode = wandb_mode(mode)
@@ -88,7 +88,7 @@ class Tracker:
             return
         text = "\n".join(self._pending) + "\n"
         if self._local:
-            with open(os.fspath(self._metrics_path), "a") as handle:
+            with self._metrics_path.open("a") as handle:
                 handle.write(text)
         else:  # object stores cannot append: rewrite the whole file
             previous = self._metrics_path.read_text() if self._metrics_path.exists() else ""

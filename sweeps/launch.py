@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import json
 import math
 import os
@@ -453,7 +454,8 @@ def cmd_run(sweep: Sweep, args) -> int:
 
 def cmd_preflight(sweep: Sweep, args) -> int:
     try:
-        from sweeps import preflight
+        # import_module looks in sys.modules first, so tests can stand in for the module.
+        preflight = importlib.import_module("sweeps.preflight")
     except ImportError as error:
         raise LauncherError(f"the TPU preflight (sweeps/preflight.py) is not available: {error}") from None
     return preflight.main(sweep, args)

@@ -29,6 +29,9 @@ BPE (vocabulary 50257 + 4 special ids), 1% of documents held out.
 Pre-LN, ReLU, feed-forward 4·d, learned positions, sequences of 1024 tokens,
 bfloat16 compute with float32 parameters, full rematerialisation, and the
 mesh's fsdp axis over all devices (parameters and optimizer state sharded).
+The fsdp size must divide the widths: on 256 chips fsdp=256 divides none
+of them, the state stays unsharded and the large runs do not fit; the
+preflight says so and suggests e.g. ``--set mesh.data=4 --set mesh.fsdp=64``.
 
 Training. Every run sees the same 1.31B tokens: 5000 steps × 256 sequences
 × 1024 tokens (a fixed token budget, so depths are compared at equal data).

@@ -1,0 +1,431 @@
+"""Ahead-of-time preflight: does every run of a sweep compile, and fit, on a TPU slice?
+
+    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--json]
+
+Needs the TPU compiler: ``pip install -e ".[tpu]"`` (libtpu). No TPU is
+needed: libtpu describes any slice (``v5e:2x2``, ``v5e:16x16``, ``v4:2x2x4``,
+``v5p:2x2x2``, ``v6e:4x4``, ...) as compile-only devices, and for each run we
+build its mesh on them and compile exactly the sharded train step the trainer
+runs (``scaling.train.build``). Nothing is allocated and no data is read; the
+model's vocabulary is ``config.model.vocab_size`` as given.
+
+What is reported per run, and where each number comes from:
+- ``hbm_bytes_per_device``: ``memory_analysis()`` of the compiled step,
+  arguments + outputs - aliased + temporaries. Arguments are the resident
+  state shard and the batch, the donated state is aliased to the outputs, so
+  this is what one chip holds while the step runs. The compiler's own
+  liveness peak is also given (``compiler_peak_bytes``). When the compiler
+  itself refuses the program for lack of HBM, the figure is rebuilt from its
+  error message (temporaries) plus the argument shards.
+- ``fits``: those bytes are at most ``FIT_FRACTION`` of the chip's HBM. The
+  5% margin covers what the runtime keeps for itself (libtpu reports 15.75 of
+  16 GiB usable on v5e), the program code, and fragmentation.
+- ``flops``: ``cost_analysis()["flops"]`` is per device and per step (checked:
+  on 4 chips it is about a quarter of 6·N·tokens). The compiler counts the body
+  of a loop once, so for scanned layers (``model.scan_layers``) it misses
+  L-1 layers; we also compile the run unrolled at depths 1 and 2 and
+  extrapolate linearly in depth (see ``_whole_step_costs``).
+- ``estimated_step_seconds``: the compiler's ``optimal_seconds`` (same
+  correction) when it is positive. It is flops / 197e12 for a lone matmul on
+  v5e, but with libtpu 0.0.42 it comes out negative for all but the smallest
+  train steps (already at d=256 with 512-token sequences), a value with no
+  meaning; then the estimate is flops / peak FLOP/s, a lower bound that
+  ignores memory traffic and communication (``step_time_source`` says which).
+- ``estimated_mfu``: 6·N·tokens_per_step / (step seconds · chips · peak), with
+  N = 12·L·d², the count the trainer's own MFU uses. With the flops/peak
+  step time it is an upper bound: the share of compiled FLOPs that are model
+  FLOPs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import time
+
+import jax
+import numpy as np
+
+from scaling import budget, mesh as mesh_lib, train
+from scaling.config import TrainConfig
+
+GIB = 2**30
+FIT_FRACTION = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Public facts about one TPU generation."""
+
+    hbm_bytes: int  # per chip
+    peak_flops: float  # dense bf16 FLOP/s per chip
+    chip_config: str  # libtpu chip config giving one JAX device per chip, as on the TPU VMs
+    dims: int  # chip-grid dimensions in topology names: v5e:4x4, v4:2x2x4
+    cores_per_chip: int  # accelerator-type names count TensorCores (v4-32 = 16 chips)
+    accelerator_prefix: str
+
+
+# HBM and peak bf16 FLOP/s per chip are the public Cloud TPU spec-sheet
+# figures (cloud.google.com/tpu/docs/{v4,v5e,v5p,v6e}). The compiler agrees on
+# v5e: its optimal_seconds for a lone matmul is flops / 197e12.
+CHIPS = {
+    "v4": Chip(32 * GIB, 275e12, "megacore", 3, 2, "v4-"),
+    "v5e": Chip(16 * GIB, 197e12, "default", 2, 1, "v5litepod-"),
+    "v5p": Chip(95 * GIB, 459e12, "megacore", 3, 2, "v5p-"),
+    "v6e": Chip(32 * GIB, 918e12, "default", 2, 1, "v6e-"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """A TPU slice named like ``v5e:4x4``: generation and chip grid."""
+
+    name: str
+    generation: str
+    shape: tuple[int, ...]
+
+    @property
+    def chip(self) -> Chip:
+        return CHIPS[self.generation]
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.shape)
+
+
+def parse_topology(name: str) -> Topology:
+    """``"v5e:4x4"`` -> Topology; ValueError naming the allowed forms otherwise."""
+    generation, _, grid = name.partition(":")
+    if generation not in CHIPS:
+        raise ValueError(f"--topology {name!r}: unknown TPU generation {generation!r}; allowed "
+                         f"{', '.join(CHIPS)} (e.g. v5e:4x4, v4:2x2x4, v5p:2x2x2, v6e:4x4)")
+    dims = CHIPS[generation].dims
+    example = "x".join(["4"] * dims)
+    try:
+        shape = tuple(int(part) for part in grid.split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != dims or min(shape) < 1:
+        raise ValueError(f"--topology {name!r}: {generation} slices are named by a {dims}-D chip grid, "
+                         f"e.g. {generation}:{example}")
+    return Topology(name, generation, shape)
+
+
+def libtpu_installed() -> bool:
+    """True when the TPU compiler is importable (the ``tpu`` extra is installed)."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+@contextlib.contextmanager
+def _quiet_libtpu_start(topology: Topology):
+    # Off a TPU VM, libtpu looks for the VM's metadata and prints errors about
+    # missing TPU_* variables. Naming a slice of the wanted kind silences that;
+    # variables a real TPU VM sets are left alone. ALLOW_MULTIPLE_LIBTPU_LOAD
+    # lets the preflight run beside a training job that holds libtpu's lock.
+    chip = topology.chip
+    names = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+             "TPU_ACCELERATOR_TYPE": f"{chip.accelerator_prefix}{topology.chips * chip.cores_per_chip}"}
+    added = [key for key in names if key not in os.environ]
+    os.environ.update({key: names[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def topology_devices(topology: Topology) -> list:
+    """Compile-only JAX devices of the slice, one per chip, with their host (process) numbers."""
+    from jax.experimental import topologies
+
+    # Hosts own 2x2 chips on multi-host v4, v5e, v5p and v6e slices. (A single-host
+    # 2x4 slice counts as two hosts here; that only makes the batch check stricter.)
+    per_host = tuple(min(2, size) for size in topology.shape[:2]) + (1,)
+    with _quiet_libtpu_start(topology):
+        return list(topologies.get_topology_desc(
+            platform="tpu", topology_name=f"{topology.generation}:{'x'.join(map(str, topology.shape))}",
+            chip_config_name=topology.chip.chip_config, chips_per_host_bounds=per_host, num_slices=1).devices)
+
+
+# ---------------------------------------------------------------------------
+# One run
+
+
+def _shard_bytes(tree) -> int:
+    """Bytes of one device's shard of every ShapeDtypeStruct in ``tree``."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape)
+        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _full_bytes(tree) -> int:
+    """Bytes of every ShapeDtypeStruct in ``tree`` unsharded (the whole model state)."""
+    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree_util.tree_leaves(tree))
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _bytes_in(message: str, pattern: str) -> int | None:
+    # XLA prints sizes like "865.96G" with binary units.
+    match = re.search(pattern + r"\s*\(?([\d.]+)\s*([KMGT]?)i?B?\)?", message)
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match else None
+
+
+def _one_line(error: Exception) -> str:
+    text = str(error).strip()
+    if isinstance(error, ValueError) and text:  # our own config checks already read as one sentence
+        return text.splitlines()[0]
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def _is_out_of_memory(error: Exception) -> bool:
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
+
+
+def _compile(config: TrainConfig, mesh):
+    program = train.build(config, mesh, **_masking(config))
+    return program.train_step.lower(program.abstract_state, train.batch_spec(config, mesh)).compile()
+
+
+def _masking(config: TrainConfig) -> dict:
+    # The masked objective masks on device; any token id gives the same program.
+    if config.model.objective == "masked" and config.data.source not in ("parity", "first"):
+        return {"mask_id": config.model.vocab_size - 1, "random_token_limit": config.model.vocab_size}
+    return {}
+
+
+def _cost(compiled) -> tuple[float | None, float | None]:
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
+        analysis = analysis[0] if analysis else None
+    if not analysis:
+        return None, None
+    flops, seconds = analysis.get("flops"), analysis.get("optimal_seconds")
+    return (float(flops) if flops and flops > 0 else None), (float(seconds) if seconds and seconds > 0 else None)
+
+
+def _whole_step_costs(config: TrainConfig, mesh, compiled) -> tuple[float | None, float | None]:
+    """Per-device (flops, optimal_seconds) of one whole train step.
+
+    The compiler counts a loop body once, so with scanned layers its figures
+    miss L-1 layers. Layers are identical, so the step's cost is linear in
+    depth: we compile the same run unrolled at depths 1 and 2 and
+    extrapolate, cost(L) = cost(1) + (L-1)·(cost(2) - cost(1)). This equals a
+    full unrolled compile (tests/test_preflight.py checks it) at the price of
+    two small extra compiles.
+    """
+    depth = config.model.depth
+    if not config.model.scan_layers or depth == 1:
+        return _cost(compiled)
+    costs = []
+    for shallow in (1, 2):
+        unrolled = dataclasses.replace(config, model=dataclasses.replace(config.model, depth=shallow,
+                                                                         scan_layers=False))
+        costs.append(_cost(_compile(unrolled, mesh)))
+    (flops_1, seconds_1), (flops_2, seconds_2) = costs
+
+    def extrapolate(one, two):
+        return None if one is None or two is None else one + (depth - 1) * (two - one)
+
+    return extrapolate(flops_1, flops_2), extrapolate(seconds_1, seconds_2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """Where one chip's HBM goes, in bytes: the state shard, the whole state, and the temporaries."""
+
+    state_per_chip: int  # parameters + optimizer state + batch held by one chip
+    state_total: int  # the same, unsharded
+    temporaries: int | None  # activations and scratch the compiler plans (None: unknown)
+
+
+def suggest(config: TrainConfig, mesh, footprint: Footprint, hbm_bytes: int) -> str:
+    """What to change for a run that does not fit one chip's ``hbm_bytes``: more fsdp, remat, or a smaller batch.
+
+    The larger of state and temporaries is addressed; both are when each
+    alone overflows. State that fsdp should have sharded but did not (a width
+    the fsdp axis does not divide stays whole on every chip) gets the fsdp
+    size that does divide it.
+    """
+    state, temporaries = footprint.state_per_chip, footprint.temporaries
+    devices, fsdp, tensor = mesh.devices.size, mesh.shape["fsdp"], mesh.shape["tensor"]
+    width = config.model.width
+    activations_dominate = temporaries is not None and temporaries > state
+    fixes = []
+    if state > FIT_FRACTION * hbm_bytes or not activations_dominate:
+        dividing = math.gcd(width, devices // tensor)  # largest fsdp that divides the width and the chips
+        what = f"parameters and optimizer state take {state / GIB:.1f} GiB per chip"
+        if fsdp > 1 and state > 1.5 * footprint.state_total / fsdp:
+            fixes.append(f"{what}, mostly unsharded: fsdp={fsdp} does not divide width {width}, so those "
+                         f"dimensions stay whole; use mesh.fsdp={dividing} mesh.data={devices // tensor // dividing}"
+                         f" or a width that is a multiple of {fsdp}")
+        elif dividing > fsdp:
+            fixes.append(f"{what}: shard them over more chips with mesh.fsdp={dividing} "
+                         f"mesh.data={devices // tensor // dividing} (now fsdp={fsdp})")
+        else:
+            fixes.append(f"{what} with fsdp={fsdp}: use a larger slice")
+    if activations_dominate:
+        if config.model.remat == "none":
+            fixes.append(f"activations take {temporaries / GIB:.1f} GiB per chip: recompute them in the "
+                         f"backward pass with model.remat=full (or dots)")
+        else:
+            per_chip = config.batch_size / mesh_lib.batch_axes_size(mesh)
+            fixes.append(f"activations take {temporaries / GIB:.1f} GiB per chip even with remat="
+                         f"{config.model.remat}: lower the per-chip batch ({per_chip:g} sequences now; halve "
+                         f"batch_size or use a larger slice)")
+    return "; and ".join(fixes)
+
+
+def check_run(name: str, config: TrainConfig, topology: Topology, devices: list) -> dict:
+    """Compile one run's train step for the slice and report memory, FLOPs, speed, and PASS/FAIL.
+
+    Returns a JSON-ready dict (bytes per device, FLOPs per device per step,
+    seconds per step); a compile error becomes a FAIL row with the error,
+    never an exception.
+    """
+    chip = topology.chip
+    row = {"name": name, "topology": topology.name, "chips": len(devices), "status": "FAIL", "fits": False,
+           "hbm_bytes_per_device": None, "hbm_capacity_bytes": chip.hbm_bytes, "compiler_peak_bytes": None,
+           "argument_bytes": None, "temporary_bytes": None, "flops": None, "estimated_step_seconds": None,
+           "step_time_source": None, "estimated_mfu": None, "compile_seconds": None,
+           "tokens_per_step": config.batch_size * config.data.seq_len,
+           "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
+           "suggestion": None, "error": None}
+    try:
+        mesh = mesh_lib.make_mesh(config.mesh, devices)
+        hosts = len({device.process_index for device in devices})
+        mesh_lib.check_batch(mesh, config.batch_size, process_count=hosts)
+        program = train.build(config, mesh, **_masking(config))
+    except Exception as error:  # noqa: BLE001 - e.g. a mesh or batch the slice cannot take: a FAIL row
+        row["error"] = _one_line(error)
+        return row
+    batch = train.batch_spec(config, mesh)
+    state_per_chip = _shard_bytes(program.abstract_state) + _shard_bytes(batch)
+    state_total = _full_bytes(program.abstract_state) + _full_bytes(batch)
+
+    started = time.perf_counter()
+    try:
+        compiled = program.train_step.lower(program.abstract_state, batch).compile()
+    except Exception as error:  # noqa: BLE001 - a run that cannot compile is a FAIL row, not a crash
+        row["compile_seconds"] = round(time.perf_counter() - started, 2)
+        text = str(error).strip()
+        row["error"] = _one_line(error)
+        if _is_out_of_memory(error):
+            temporaries, used = _bytes_in(text, r"temporaries"), _bytes_in(text, r"Used")
+            row.update(argument_bytes=state_per_chip, temporary_bytes=temporaries,
+                       hbm_bytes_per_device=used or (state_per_chip + temporaries if temporaries else None),
+                       suggestion=suggest(config, mesh, Footprint(state_per_chip, state_total, temporaries),
+                                          chip.hbm_bytes))
+        return row
+    row["compile_seconds"] = round(time.perf_counter() - started, 2)
+
+    stats = compiled.memory_analysis()
+    planned = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+               + stats.temp_size_in_bytes)
+    fits = planned <= FIT_FRACTION * chip.hbm_bytes
+    row.update(hbm_bytes_per_device=int(planned), argument_bytes=int(stats.argument_size_in_bytes),
+               temporary_bytes=int(stats.temp_size_in_bytes), fits=fits, status="PASS" if fits else "FAIL",
+               compiler_peak_bytes=int(getattr(stats, "peak_memory_in_bytes", 0)) or None)
+    if not fits:
+        footprint = Footprint(int(stats.argument_size_in_bytes), state_total, int(stats.temp_size_in_bytes))
+        row["suggestion"] = suggest(config, mesh, footprint, chip.hbm_bytes)
+
+    try:
+        flops, optimal_seconds = _whole_step_costs(config, mesh, compiled)
+    except Exception as error:  # noqa: BLE001 - the FLOP count is a bonus; the fit verdict stands
+        flops, optimal_seconds = None, None
+        row["error"] = f"FLOP count unavailable: {_one_line(error)}"
+    row["flops"] = flops
+    if optimal_seconds is not None:
+        row.update(estimated_step_seconds=optimal_seconds, step_time_source="optimal_seconds")
+    elif flops is not None:
+        row.update(estimated_step_seconds=flops / chip.peak_flops, step_time_source="flops/peak")
+    if row["estimated_step_seconds"]:
+        model_flops = 6 * row["params_non_embedding"] * row["tokens_per_step"]
+        row["estimated_mfu"] = model_flops / (row["estimated_step_seconds"] * len(devices) * chip.peak_flops)
+    return row
+
+
+# ---------------------------------------------------------------------------
+# Many runs, and the command line
+
+
+def check_runs(runs, topology_name: str, progress=None) -> list[dict]:
+    """Preflight ``runs`` (pairs of name and TrainConfig) on the slice ``topology_name``; one row per run."""
+    if not os.environ.get("JAX_PLATFORMS"):
+        # Host-side work needs only the CPU; never claim (or wait for) a local TPU.
+        jax.config.update("jax_platforms", "cpu")
+    topology = parse_topology(topology_name)
+    devices = topology_devices(topology)
+    rows = []
+    for name, config in runs:
+        if progress is not None:
+            progress(f"compiling {name} for {topology.name} ({len(devices)} chips) ...")
+        rows.append(check_run(name, config, topology, devices))
+    return rows
+
+
+def _gib(value) -> str:
+    return "-" if value is None else f"{value / GIB:.2f}"
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table of preflight rows (GiB per chip, TFLOP per chip per step, seconds), then suggestions."""
+    header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "step s", "MFU est", "compile s", "result")
+    lines = [header]
+    for row in rows:
+        lines.append((row["name"], _gib(row["hbm_bytes_per_device"]), _gib(row["hbm_capacity_bytes"]),
+                      "yes" if row["fits"] else "no",
+                      "-" if row["flops"] is None else f"{row['flops'] / 1e12:.3g}",
+                      "-" if row["estimated_step_seconds"] is None else f"{row['estimated_step_seconds']:.3g}",
+                      "-" if row["estimated_mfu"] is None else f"{row['estimated_mfu']:.1%}",
+                      "-" if row["compile_seconds"] is None else f"{row['compile_seconds']:.1f}",
+                      row["status"]))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    text = ["  ".join(str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
+                      for i, (cell, width) in enumerate(zip(line, widths))) for line in lines]
+    for row in rows:
+        if row["status"] == "FAIL":
+            text.append(f"{row['name']}: {row['suggestion'] or row['error']}")
+    sources = {row["step_time_source"] for row in rows if row["step_time_source"]}
+    if "flops/peak" in sources:
+        text.append("step s = compiled FLOPs / peak FLOP/s (the compiler gave no usable optimal_seconds): "
+                    "a lower bound, so MFU est is an upper bound")
+    return "\n".join(text)
+
+
+def _sweep_runs(sweep):
+    """(name, TrainConfig) pairs of a ``sweeps.spec.Sweep``, in its order."""
+    return [(spec.name, spec.config) for spec in sweep.expand().runs]
+
+
+def main(sweep, args) -> int:
+    """Entry point behind ``python -m sweeps.launch preflight``: 0 if every run passes, 1 if any fails, 2 on bad input.
+
+    ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``) and ``json`` (print
+    a JSON list instead of the table).
+    """
+    if not libtpu_installed():
+        print('error: the preflight needs the TPU compiler (libtpu); install it with: pip install -e ".[tpu]"',
+              file=sys.stderr)
+        return 2
+    try:
+        topology = parse_topology(args.topology)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    runs = _sweep_runs(sweep)
+    as_json = getattr(args, "json", False)
+    rows = check_runs(runs, topology.name, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(json.dumps(rows, indent=2) if as_json else format_table(rows))
+    return 0 if all(row["status"] == "PASS" for row in rows) else 1

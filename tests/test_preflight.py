@@ -1,0 +1,200 @@
+"""The TPU preflight: real ahead-of-time compilation for a TPU slice, on this CPU machine.
+
+These tests need libtpu (``pip install -e ".[tpu]"``), which CI installs, so
+they run there rather than skip. Nothing is allocated: the oversized runs are
+rejected by the TPU compiler in about a second.
+"""
+
+import contextlib
+import dataclasses
+import io
+import json
+import types
+
+import pytest
+
+from scaling import budget
+from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
+from sweeps import launch, preflight
+
+GIB = 2**30
+TOPOLOGY = "v5e:2x2"  # 4 chips of 16 GiB
+
+
+def small(depth=3, width=64, batch_size=8) -> TrainConfig:
+    return TrainConfig(model=ModelConfig(depth=depth, width=width, head_dim=16, max_seq_len=64),
+                       data=DataConfig(seq_len=64), batch_size=batch_size)
+
+
+def oversized(remat="none", batch_size=64, mesh=MeshConfig(), depth=48, width=8192) -> TrainConfig:
+    return TrainConfig(model=ModelConfig(depth=depth, width=width, head_dim=128, max_seq_len=512,
+                                         compute_dtype="bfloat16", remat=remat),
+                       data=DataConfig(seq_len=512), batch_size=batch_size, mesh=mesh)
+
+
+@pytest.fixture(scope="module")
+def devices():
+    if not preflight.libtpu_installed():
+        pytest.fail('the preflight tests need libtpu: pip install -e ".[tpu]" (CI installs it)')
+    return preflight.topology_devices(preflight.parse_topology(TOPOLOGY))
+
+
+def check(name, config, devices):
+    return preflight.check_run(name, config, preflight.parse_topology(TOPOLOGY), devices)
+
+
+def test_libtpu_is_installed():
+    assert preflight.libtpu_installed(), 'CI must install the tpu extra: pip install -e ".[tpu]"'
+
+
+@pytest.mark.parametrize("name, chips, kind", [
+    ("v5e:2x2", 4, "TPU v5 lite"), ("v5e:4x4", 16, "TPU v5 lite"), ("v4:2x2x4", 16, "TPU v4"),
+    ("v5p:2x2x2", 8, "TPU v5"), ("v6e:4x4", 16, "TPU v6 lite")])
+def test_topologies_give_one_device_per_chip(devices, name, chips, kind):
+    topology = preflight.parse_topology(name)
+    found = preflight.topology_devices(topology)
+    assert topology.chips == chips and len(found) == chips
+    assert {device.device_kind for device in found} == {kind}
+
+
+@pytest.mark.parametrize("bad", ["v9:4x4", "v5e", "v5e:4x4x4", "v4:2x2", "v5e:0x4", "v5e:axb"])
+def test_bad_topology_names_are_rejected(bad):
+    with pytest.raises(ValueError, match="--topology"):
+        preflight.parse_topology(bad)
+
+
+@pytest.fixture(scope="module")
+def small_row(devices):
+    return check("small", small(), devices)
+
+
+def test_small_run_passes_with_memory_and_whole_step_flops(small_row):
+    row, config = small_row, small()
+    assert row["status"] == "PASS" and row["fits"] is True, row
+    assert 0 < row["hbm_bytes_per_device"] < 0.1 * row["hbm_capacity_bytes"]
+    assert row["hbm_capacity_bytes"] == 16 * GIB
+    assert row["argument_bytes"] > 0 and row["compile_seconds"] > 0
+    # FLOPs are per chip and cover every layer, although the layers are one
+    # scanned loop body: at least the 6·N·tokens of the layers' matmuls, at
+    # most twice everything a forward + backward can do.
+    model = config.model
+    tokens = config.batch_size * config.data.seq_len
+    layer_flops = 6 * budget.non_embedding_params(model.depth, model.width) * tokens
+    everything = layer_flops + 6 * 2 * model.vocab_size * model.width * tokens \
+        + 12 * model.depth * config.data.seq_len * model.width * tokens
+    assert layer_flops / 4 <= row["flops"] <= 2 * everything / 4
+    assert row["estimated_step_seconds"] > 0
+    assert 0 < row["estimated_mfu"] <= 1
+
+
+def test_scanned_flops_match_an_unrolled_compile(small_row, devices):
+    # The compiler counts a loop body once; the preflight's correction must
+    # give what the same model compiled layer by layer gives.
+    scanned = small()
+    unrolled = dataclasses.replace(scanned, model=dataclasses.replace(scanned.model, scan_layers=False))
+    assert small_row["flops"] == pytest.approx(check("unrolled", unrolled, devices)["flops"], rel=0.01)
+
+
+def test_oversized_run_without_fsdp_does_not_fit(devices):
+    row = check("huge", oversized(), devices)
+    assert row["fits"] is False and row["status"] == "FAIL"
+    assert row["hbm_bytes_per_device"] > row["hbm_capacity_bytes"]
+    # 12·48·8192² parameters, float32, plus two AdamW moments, replicated on each chip:
+    assert row["argument_bytes"] >= 3 * 4 * budget.non_embedding_params(48, 8192)
+    assert "mesh.fsdp=4" in row["suggestion"]
+
+
+def test_state_left_whole_by_an_fsdp_that_does_not_divide_the_width(devices):
+    # fsdp=4 cannot split width 8190 (= 65 heads of 126), so the state stays
+    # whole on every chip; the fix is the fsdp size that does divide it.
+    config = dataclasses.replace(oversized(mesh=MeshConfig(data=1, fsdp=4)),
+                                 model=dataclasses.replace(oversized().model, width=8190, head_dim=126))
+    row = check("unsharded", config, devices)
+    assert row["fits"] is False
+    assert "does not divide width 8190" in row["suggestion"] and "mesh.fsdp=2 mesh.data=2" in row["suggestion"]
+
+
+def test_activation_bound_run_is_told_to_remat_then_to_shrink_the_batch(devices):
+    plain = check("acts", oversized(depth=2, width=1024, batch_size=1024), devices)
+    assert plain["fits"] is False
+    assert plain["temporary_bytes"] > plain["argument_bytes"]
+    assert "model.remat=full" in plain["suggestion"] and "fsdp" not in plain["suggestion"]
+    rematted = check("acts-remat", oversized(depth=2, width=1024, batch_size=4096, remat="full"), devices)
+    assert rematted["fits"] is False
+    assert "per-chip batch (1024 sequences now" in rematted["suggestion"]
+
+
+def test_a_run_that_cannot_be_built_is_a_fail_row_not_a_crash(devices):
+    row = check("odd-batch", small(batch_size=6), devices)
+    assert row["status"] == "FAIL" and row["fits"] is False
+    assert "batch_size=6" in row["error"]
+
+
+SWEEP_FILE = '''
+from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
+from sweeps.spec import Sweep
+
+def sweep():
+    base = TrainConfig(model=ModelConfig(head_dim=16, max_seq_len=64), data=DataConfig(seq_len=64),
+                       batch_size=8, mesh=MeshConfig(data=1, fsdp=-1))
+    return Sweep(name="pf", base=base, depths={depths}, widths={widths})
+'''
+
+
+def write_sweep(tmp_path, depths, widths):
+    path = tmp_path / "sweep.py"
+    path.write_text(SWEEP_FILE.format(depths=depths, widths=widths))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    path = write_sweep(tmp_path_factory.mktemp("sweep"), (1, 48), {1: (64,), 48: (8192,)})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = launch.main(["preflight", path, "--topology", TOPOLOGY, "--json"])
+    return code, json.loads(out.getvalue())
+
+
+def test_cli_json_reports_every_run(cli_run):
+    code, rows = cli_run
+    assert code == 1  # one run does not fit
+    assert [row["name"] for row in rows] == ["L1-d64-s0", "L48-d8192-s0"]
+    for row in rows:
+        assert {"name", "hbm_bytes_per_device", "hbm_capacity_bytes", "fits", "flops", "estimated_step_seconds",
+                "estimated_mfu"} <= set(row)
+    small_run, big_run = rows
+    assert small_run["fits"] and small_run["flops"] > 0 and small_run["hbm_bytes_per_device"] > 0
+    assert not big_run["fits"] and big_run["hbm_bytes_per_device"] > big_run["hbm_capacity_bytes"]
+    assert big_run["suggestion"]
+
+
+def test_table_names_runs_results_and_suggestions(cli_run):
+    _, rows = cli_run
+    lines = preflight.format_table(rows).splitlines()
+    assert lines[0].split()[0] == "run"
+    assert lines[1].startswith("L1-d64-s0") and lines[1].endswith("PASS")
+    assert lines[2].startswith("L48-d8192-s0") and lines[2].endswith("FAIL")
+    assert any(line.startswith("L48-d8192-s0: ") and "GiB per chip" in line for line in lines[3:])
+
+
+def test_cli_exit_status_is_zero_when_every_run_passes(tmp_path, capsys):
+    path = write_sweep(tmp_path, (1,), {1: (64,)})
+    assert launch.main(["preflight", path, "--topology", TOPOLOGY]) == 0
+    out = capsys.readouterr().out
+    assert "L1-d64-s0" in out and "PASS" in out
+
+
+def test_missing_libtpu_is_one_clear_line(monkeypatch, capsys):
+    monkeypatch.setattr(preflight, "libtpu_installed", lambda: False)
+    args = types.SimpleNamespace(topology=TOPOLOGY, json=False)
+    assert preflight.main(None, args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'pip install -e ".[tpu]"' in err
+
+
+def test_bad_topology_on_the_command_line(tmp_path, capsys):
+    path = write_sweep(tmp_path, (1,), {1: (64,)})
+    assert launch.main(["preflight", path, "--topology", "v5e:4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "2-D chip grid" in err
