@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from typing import Any
 
@@ -24,6 +25,44 @@ def _require(ok: bool, field: str, allowed: str, value: Any) -> None:
 
 def _choice(field: str, value: Any, options: tuple) -> None:
     _require(value in options, field, "one of " + ", ".join(map(repr, options)), value)
+
+
+def _check_types(config) -> None:
+    """Check every field against its annotation, before any range check compares values.
+
+    Integral floats become ints (``1e3`` from a JSON file), other floats in an
+    int field are refused (``steps: 10.7`` must not train 11 steps), floats
+    must be finite, and nested sections must be their dataclass.
+    """
+    import math
+    import types
+
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value, hint = getattr(config, field.name), hints[field.name]
+        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if value is None and type(None) in options:
+            continue
+        kind = next(t for t in options if t is not type(None))
+        origin = typing.get_origin(kind) or kind
+        name = f"{field.name}"
+        if kind is bool:
+            _require(isinstance(value, bool), name, "true or false", value)
+        elif kind is int:
+            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+                object.__setattr__(config, field.name, int(value))
+                continue
+            _require(isinstance(value, int) and not isinstance(value, bool), name, "an integer", value)
+        elif kind is float:
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                     name, "a finite number", value)
+            object.__setattr__(config, field.name, float(value))
+        elif kind is str:
+            _require(isinstance(value, str), name, "a string", value)
+        elif origin is tuple:
+            _require(isinstance(value, tuple), name, "a list", value)
+        elif dataclasses.is_dataclass(kind):
+            _require(isinstance(value, kind), name, f"a {kind.__name__} section (a mapping of its fields)", value)
 
 
 def _tuplify(value):
@@ -67,6 +106,7 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
+        _check_types(self)
         _require(isinstance(self.depth, int) and self.depth >= 1, "depth", "an integer >= 1", self.depth)
         _require(isinstance(self.width, int) and self.width >= 1, "width", "an integer >= 1", self.width)
         if self.num_heads is not None:
@@ -140,6 +180,7 @@ class DataConfig:
     cache_dir: str = ""
 
     def __post_init__(self):
+        _check_types(self)
         _choice("source", self.source, ("builtin", "hub", "local", "parity", "first", "lookback"))
         if self.source == "hub":
             _require(bool(self.hub_name), "hub_name", "a dataset name or path when source='hub'", self.hub_name)
@@ -186,6 +227,7 @@ class OptimConfig:
     grad_clip: float = 1.0  # global-norm clip; 0 disables
 
     def __post_init__(self):
+        _check_types(self)
         _require(self.peak_lr > 0, "peak_lr", "a positive float", self.peak_lr)
         _choice("lr_rule", self.lr_rule, ("constant", "width_scaled", "mup"))
         _require(self.base_width >= 1, "base_width", "an integer >= 1", self.base_width)
@@ -225,6 +267,7 @@ class MeshConfig:
     rules: tuple[tuple[str, Any], ...] = DEFAULT_SHARDING_RULES
 
     def __post_init__(self):
+        _check_types(self)
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             _require(size == -1 or size >= 1, f"mesh.{name}", "-1 or an integer >= 1", size)
@@ -257,6 +300,7 @@ class TrainConfig:
     name: str = ""
 
     def __post_init__(self):
+        _check_types(self)
         _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
         _require(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)
         _require(self.eval_every >= 0, "eval_every", "an integer >= 0", self.eval_every)
@@ -290,7 +334,10 @@ def from_dict(cls, data: dict):
     for key, value in data.items():
         hint = hints[key]
         if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = from_dict(hint, value)
+            try:
+                value = from_dict(hint, value)
+            except ValueError as error:  # name the section too: model.depth, not depth
+                raise ValueError(f"{key}.{error}") from None
         kwargs[key] = _tuplify(value)
     return cls(**kwargs)
 
@@ -303,9 +350,24 @@ def _parse_scalar(text: str, current: Any):
             return False
         raise ValueError(f"expected a boolean, got {text!r}")
     if isinstance(current, int) and not isinstance(current, bool):
-        return int(float(text)) if "e" in text.lower() else int(text)
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                number = float(text)  # 1e3 is a fine way to write 1000; 10.7 is refused by validation
+            except ValueError:
+                raise ValueError(f"expected an integer, got {text!r}") from None
+            if not math.isfinite(number):
+                raise ValueError(f"expected an integer, got {text!r}") from None
+            return int(number) if number.is_integer() else number
     if isinstance(current, float):
-        return float(text)
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(number):
+            raise ValueError(f"expected a finite number, got {text!r}")
+        return number
     if isinstance(current, (tuple, list)):
         return tuple(part for part in text.split(",") if part)
     if current is None:
@@ -330,7 +392,13 @@ def override(config, assignments: list[str]):
             node = node[part]
         if parts[-1] not in node:
             raise ValueError(f"override {key!r}: unknown field {parts[-1]!r}; allowed {sorted(node)}")
-        node[parts[-1]] = _parse_scalar(text, node[parts[-1]])
+        if isinstance(node[parts[-1]], dict):
+            raise ValueError(f"override {key!r}: {key} is a config section; set one of its fields, "
+                             f"e.g. {key}.{next(iter(node[parts[-1]]))}=...")
+        try:
+            node[parts[-1]] = _parse_scalar(text, node[parts[-1]])
+        except ValueError as error:
+            raise ValueError(f"override {key}={text}: {error}") from None
     return from_dict(type(config), data)
 
 

@@ -10,6 +10,7 @@ stored with the checkpoint, so a resumed run continues the same wandb run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import sys
@@ -38,19 +39,31 @@ def new_wandb_id() -> str:
 
 
 class Tracker:
-    """Writes metrics to JSONL (always), wandb (process 0, unless disabled) and a tqdm bar."""
+    """Writes metrics to JSONL (always), wandb (process 0, unless disabled) and a tqdm bar.
+
+    ``metrics.jsonl`` holds exactly one row per step: metrics logged at the
+    same step (training loss, then an evaluation) are merged into one row,
+    written once a later step is logged or at ``flush``. When a run resumes
+    from a checkpoint at step S (``keep_until_step=S``), rows after S, left by
+    the interrupted segment, are removed first; a fresh start
+    (``keep_until_step=None``) clears the file. Non-finite values are written
+    as null, so the file is strict JSON.
+    """
 
     def __init__(self, run_dir, *, total_steps: int, start_step: int, config: dict, name: str,
                  group: str = "", project: str = "depth-width-scaling", mode: str = "auto",
-                 wandb_id: str | None = None, is_main_process: bool = True, show_progress: bool = True):
+                 wandb_id: str | None = None, is_main_process: bool = True, show_progress: bool = True,
+                 keep_until_step: int | None = None):
         self.run_dir = epath.Path(run_dir)
         self.is_main = is_main_process
         self._metrics_path = self.run_dir / "metrics.jsonl"
-        self._pending: list[str] = []
+        self._rows: dict[int, dict] = {}  # step -> merged metrics not yet written
         self._local = "://" not in str(run_dir)  # gs://, s3://, memory:// ... are object stores
         self.wandb_run = None
         self.wandb_id = wandb_id
         self.mode = wandb_mode(mode)
+        if self.is_main:
+            self._cut_metrics(keep_until_step)
         if self.is_main and self.mode != "disabled":
             import wandb
 
@@ -60,40 +73,70 @@ class Tracker:
                 settings=wandb.Settings(silent=True, console="off")))
             self.wandb_id = self.wandb_run.id if self.wandb_run is not None else wandb_id
         self.bar = None
+        self._bar_args = None
         if self.is_main and show_progress:
-            self.bar = tqdm(total=total_steps, initial=start_step, desc=name or "train", unit="step",
-                            dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
-        self._last_time = time.perf_counter()
+            self._bar_args = dict(total=total_steps, desc=name or "train", unit="step", dynamic_ncols=True,
+                                  file=sys.stderr, mininterval=1.0)
+            self._start_step = start_step
+            self.bar = tqdm(initial=start_step, **self._bar_args)
+            self.bar.set_postfix_str("compiling", refresh=True)
+            self._bar_timed = False
+
+    def _cut_metrics(self, keep_until_step: int | None) -> None:
+        if not self._metrics_path.exists():
+            return
+        kept = []
+        if keep_until_step is not None:
+            for line in self._metrics_path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a crash
+                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= keep_until_step:
+                    kept.append(line)
+        from scaling.records import write_json_atomic
+
+        write_json_atomic(self._metrics_path, "".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict) -> None:
-        """Record ``metrics`` (floats) at ``step``: JSONL line, wandb, and progress-bar postfix."""
+        """Record ``metrics`` (floats, or None for a missing value) at ``step``: JSONL, wandb, progress bar."""
         if not self.is_main:
             return
-        record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
-        self._pending.append(json.dumps(record))
+        values = {k: _plain(v) for k, v in metrics.items()}
+        self._rows.setdefault(int(step), {}).update(values)
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=int(step))
+            self.wandb_run.log({k: v for k, v in values.items() if v is not None}, step=int(step))
         if self.bar is not None:
-            shown = {k: f"{record[k]:.4g}" for k in ("loss", "eval_loss", "tokens_per_second") if k in record}
+            shown = {k: f"{values[k]:.4g}" for k in ("loss", "eval_loss", "tokens_per_second")
+                     if isinstance(values.get(k), float)}
             if shown:
                 self.bar.set_postfix(shown, refresh=False)
-        self.flush()
+        self.flush(through_step=int(step) - 1)
 
     def advance(self, steps: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.update(steps)
-
-    def flush(self) -> None:
-        if not self._pending:
+        """Move the progress bar; the first call (after compilation) restarts its clock, so the ETA is real."""
+        if self.bar is None:
             return
-        text = "\n".join(self._pending) + "\n"
+        if not self._bar_timed:
+            self.bar.reset(total=self._bar_args["total"])
+            self.bar.initial = self.bar.n = self.bar.last_print_n = self._start_step
+            self.bar.set_postfix_str("", refresh=False)
+            self._bar_timed = True
+        self.bar.update(steps)
+
+    def flush(self, through_step: int | None = None) -> None:
+        """Write the rows of steps up to ``through_step`` (all rows if None) to ``metrics.jsonl``."""
+        steps = sorted(s for s in self._rows if through_step is None or s <= through_step)
+        if not steps:
+            return
+        text = "".join(json.dumps({"step": s, **{k: _json_value(v) for k, v in self._rows.pop(s).items()}},
+                                  allow_nan=False) + "\n" for s in steps)
         if self._local:
             with self._metrics_path.open("a") as handle:
                 handle.write(text)
         else:  # object stores cannot append: rewrite the whole file
             previous = self._metrics_path.read_text() if self._metrics_path.exists() else ""
             self._metrics_path.write_text(previous + text)
-        self._pending.clear()
 
     def summary(self, values: dict) -> None:
         if self.wandb_run is not None:
@@ -101,12 +144,16 @@ class Tracker:
                 self.wandb_run.summary[key] = _plain(value)
 
     def close(self, exit_code: int = 0) -> None:
-        self.flush()
-        if self.bar is not None:
-            self.bar.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish(exit_code=exit_code)
-            self.wandb_run = None
+        """Write every pending row and finish the wandb run (safe to call twice, and after a failure)."""
+        try:
+            self.flush()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+            if self.wandb_run is not None:
+                run, self.wandb_run = self.wandb_run, None
+                run.finish(exit_code=exit_code)
 
 
 def _init_wandb(kwargs: dict, attempts: int = 6, wait_seconds: float = 5.0):
@@ -131,7 +178,15 @@ def _init_wandb(kwargs: dict, attempts: int = 6, wait_seconds: float = 5.0):
 
 
 def _plain(value):
+    if value is None:
+        return None
     try:
         return float(value)
     except (TypeError, ValueError):
         return value
+
+
+def _json_value(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

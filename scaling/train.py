@@ -18,8 +18,8 @@ Guarantees:
 - SIGTERM (how TPU preemption arrives) makes the loop save at the next step
   boundary and exit with ``PREEMPTED_EXIT_CODE``; rerunning resumes there.
 
-Importing this module tunes glibc's allocator for XLA:CPU (``reuse_freed_memory``);
-it must happen before JAX starts its CPU backend to take effect.
+The command line tunes glibc's allocator for XLA:CPU (``tune_cpu_allocator``)
+before JAX starts; importing this module changes nothing process-wide.
 
 Command line: ``python -m scaling.train --help``.
 """
@@ -33,21 +33,20 @@ import math
 import os
 import runpy
 import signal
-import subprocess
 import sys
 import threading
 import time
-import traceback
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from etils import epath
 
-from scaling import budget, data, mesh as mesh_lib
+from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, records, rundir
+from scaling.checkpoints import Checkpoints
+from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
 from scaling.model import Transformer, compute_loss
 from scaling.track import Tracker, new_wandb_id
@@ -64,7 +63,7 @@ def reuse_freed_memory() -> bool:
     touched: a quarter of the CPU time of a train step. One malloc arena, no
     mmap and a 2 GiB trim threshold let later steps reuse already-mapped
     pages (the process keeps its peak memory). It only takes effect before
-    JAX starts its CPU threads, hence the call when this module is imported.
+    JAX starts its CPU threads; ``tune_cpu_allocator`` decides whether to call it.
     Returns False where glibc's ``mallopt`` is not available.
     """
     import ctypes
@@ -78,7 +77,26 @@ def reuse_freed_memory() -> bool:
     return bool(mallopt(arena_max, 1) and mallopt(mmap_max, 0) and mallopt(trim_threshold, 2**31 - 1))
 
 
-reuse_freed_memory()
+def tune_cpu_allocator() -> bool:
+    """Call ``reuse_freed_memory`` when JAX will run on the CPU; the command lines call this first.
+
+    Skipped (returns False) when ``SCALING_MALLOC_TUNING=0``, or when an
+    accelerator plugin (libtpu, CUDA) is installed and ``JAX_PLATFORMS`` does
+    not ask for the CPU, since there the host allocator serves other work.
+    """
+    import importlib.util
+
+    if os.environ.get("SCALING_MALLOC_TUNING", "1") == "0":
+        return False
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    accelerator = any(importlib.util.find_spec(name) is not None
+                      for name in ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin"))
+    if platforms and platforms.split(",")[0] != "cpu":
+        return False
+    if accelerator and not platforms:
+        return False
+    return reuse_freed_memory()
+
 
 PRESETS = {
     # L=2, d=64 on the built-in corpus: ~300 steps in well under 2 minutes on 2 CPU cores.
@@ -92,76 +110,6 @@ PRESETS = {
 
 class Preempted(Exception):
     """Raised by ``run`` after SIGTERM, once a checkpoint of the current step is saved."""
-
-
-# ---------------------------------------------------------------------------
-# Optimizer
-
-
-def _names(path) -> list[str]:
-    names = [str(getattr(entry, "key", getattr(entry, "name", entry))) for entry in path]
-    return [name for name in names if name != "value"]  # "value" is the field of a flax partitioning box
-
-
-def _is_hidden_kernel(path) -> bool:
-    names = _names(path)
-    return names[-1] == "kernel" and ("attention" in names or "mlp" in names)
-
-
-def _decays(path) -> bool:
-    return _names(path)[-1] in ("kernel", "embedding", "position_embedding")
-
-
-def learning_rates(optim, model: ModelConfig) -> dict[str, float]:
-    """Peak learning rates for the ``hidden`` matrices and for ``other`` parameters under ``optim.lr_rule``."""
-    width_factor = optim.base_width / model.width
-    if optim.lr_rule == "constant":
-        return {"hidden": optim.peak_lr, "other": optim.peak_lr}
-    if optim.lr_rule == "width_scaled":
-        return {"hidden": optim.peak_lr * width_factor, "other": optim.peak_lr * width_factor}
-    return {"hidden": optim.peak_lr * width_factor, "other": optim.peak_lr}  # mup
-
-
-def make_schedule(optim, peak_lr: float, total_steps: int):
-    """Linear warmup to ``peak_lr`` over ``optim.warmup_steps``, then cosine/linear decay to a fraction of it."""
-    warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
-    end = peak_lr * optim.end_lr_fraction
-    decay_steps = max(total_steps - warmup, 1)
-    if optim.schedule == "cosine":
-        decay = optax.cosine_decay_schedule(peak_lr, decay_steps, alpha=optim.end_lr_fraction)
-    elif optim.schedule == "linear":
-        decay = optax.linear_schedule(peak_lr, end, decay_steps)
-    else:
-        decay = optax.constant_schedule(peak_lr)
-    if warmup == 0:
-        return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, peak_lr, warmup), decay], [warmup])
-
-
-def make_optimizer(optim, model: ModelConfig, total_steps: int):
-    """AdamW (+ global-norm clipping) whose per-group learning rates follow ``optim.lr_rule``.
-
-    Returns ``(optax transformation, {group: schedule})``.
-    """
-    rates = learning_rates(optim, model)
-    schedules = {group: make_schedule(optim, rate, total_steps) for group, rate in rates.items()}
-
-    def decay_mask(params):
-        return jax.tree_util.tree_map_with_path(lambda path, _: _decays(path), params)
-
-    def adamw(schedule):
-        return optax.adamw(schedule, b1=optim.beta1, b2=optim.beta2, eps=optim.eps,
-                           weight_decay=optim.weight_decay, mask=decay_mask)
-
-    if rates["hidden"] == rates["other"]:
-        core = adamw(schedules["hidden"])
-    else:
-        def labels(params):
-            return jax.tree_util.tree_map_with_path(
-                lambda path, _: "hidden" if _is_hidden_kernel(path) else "other", params)
-        core = optax.multi_transform({group: adamw(s) for group, s in schedules.items()}, labels)
-    parts = [optax.clip_by_global_norm(optim.grad_clip)] if optim.grad_clip > 0 else []
-    return optax.chain(*parts, core), schedules
 
 
 # ---------------------------------------------------------------------------
@@ -252,48 +200,8 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
     return Program(model, mesh, state_shardings, abstract_state, init, train_jit, eval_jit, schedules)
 
 
-# ---------------------------------------------------------------------------
-# Run directory helpers
-
-
-def code_version() -> str:
-    """The git commit of this source tree (with ``+dirty`` if modified), else the package version."""
-    here = epath.Path(__file__).parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return "v" + version("depth-width-scaling")
-        except PackageNotFoundError:
-            return "unknown"
-
-
-def absolute_path(path) -> epath.Path:
-    """``path`` as an absolute ``epath.Path``: a local path is resolved against the current directory
-    (orbax and a later ``cd`` both need that); a URI such as ``gs://bucket/dir`` is kept as it is."""
-    text = str(path)
-    if "://" in text:
-        return epath.Path(text)
-    return epath.Path(os.path.abspath(os.path.expanduser(text)))
-
-
-def read_result(run_dir) -> dict | None:
-    """The run's ``result.json`` as a dict, or None if it has none yet."""
-    path = epath.Path(run_dir) / "result.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _write_json(path: epath.Path, value: dict) -> None:
-    # Write then rename, so a crash never leaves a half-written record.
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True))
-    tmp.replace(path)
+class LeaseLost(Exception):
+    """Another process took this run's lease over (it judged this one dead); stop writing to the run."""
 
 
 def resolve_config(config: TrainConfig, pipeline) -> TrainConfig:
@@ -319,118 +227,152 @@ def evaluate(program: Program, params, batches: list, batch_size: int) -> float:
     return total / max(count, 1.0)
 
 
-def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None) -> dict:
-    """Train ``config`` into the run directory ``workdir`` and return its run record (``result.json``).
+def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None) -> records.RunRecord:
+    """Train ``config`` into the run directory ``workdir`` and return its run record.
 
-    Resumes from the latest checkpoint in ``workdir/checkpoints``; returns the
-    existing record untouched if the run already finished. Raises
-    ``Preempted`` after SIGTERM (a checkpoint of the current step is saved
-    first). Any other error is recorded as status ``failed`` and re-raised.
+    ``workdir`` may be relative (to the current directory) or a URI. Resumes
+    from the newest readable checkpoint in ``workdir/checkpoints``; returns
+    the existing record if the run already finished. Raises
+    ``rundir.ConfigMismatch`` if the directory holds another config's run,
+    ``lease.RunBusy`` if another live process is training it, ``Preempted``
+    after SIGTERM (a checkpoint of the current step is saved first) and
+    ``LeaseLost`` if another process took the run over. Any other error is
+    recorded as status ``failed`` (traceback in ``error.log``) and re-raised.
     """
-    run_dir = absolute_path(workdir)
+    run_dir = rundir.absolute_path(workdir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    previous = read_result(run_dir)
-    if previous and previous.get("status") == "finished":
-        return previous
-    # Listen for SIGTERM from the start: a preemption during data loading or
-    # compilation must stop the run too, not only one arriving mid-training.
-    stop_requested = {"flag": False}
-    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
-    previous_handler = signal.getsignal(signal.SIGTERM)
-    if in_main_thread:
-        signal.signal(signal.SIGTERM, lambda *_: stop_requested.__setitem__("flag", True))
+    rundir.check_run_dir(run_dir, config)
+    # One process per run: pod-wide jobs (several processes) agree through
+    # the launcher instead, since only process 0 could hold a lease.
+    run_lease = lease_lib.Lease(run_dir) if jax.process_count() == 1 else None
+    if run_lease is not None:
+        run_lease.acquire()
     try:
-        return _prepare_and_train(config, run_dir, devices, show_progress, stop_requested)
-    finally:
+        try:
+            previous = records.read_record(run_dir)
+        except records.RecordError as error:
+            print(f"warning: {error}; training the run again (resuming from its checkpoints)", file=sys.stderr)
+            previous = None
+        if previous is not None and previous.status == "finished":
+            return previous
+        # Listen for SIGTERM from the start: a preemption during data loading or
+        # compilation must stop the run too, not only one arriving mid-training.
+        stop_requested = {"flag": False, "lease": run_lease}
+        in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+        previous_handler = signal.getsignal(signal.SIGTERM)
         if in_main_thread:
-            signal.signal(signal.SIGTERM, previous_handler)
+            signal.signal(signal.SIGTERM, lambda *_: stop_requested.__setitem__("flag", True))
+        try:
+            return _prepare_and_train(config, run_dir, devices, show_progress, stop_requested)
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGTERM, previous_handler)
+    finally:
+        if run_lease is not None and not run_lease.lost:
+            run_lease.release()
 
 
 def _prepare_and_train(config: TrainConfig, run_dir: epath.Path, devices, show_progress: bool,
-                       stop_requested: dict) -> dict:
+                       stop_requested: dict) -> records.RunRecord:
     main_process = jax.process_index() == 0
-    pipeline = data.build(config.data)
-    config = resolve_config(config, pipeline)
-    mesh = mesh_lib.make_mesh(config.mesh, devices)
-    mesh_lib.check_batch(mesh, config.batch_size)
+    run_id = config_id(config)  # of the config as given: the same id names the directory
     counts = budget.count_params(config.model)
-    record = {
-        "status": "running", "name": config.name, "run_id": config_id(config), "sweep": config.sweep_name,
-        "depth": config.model.depth, "width": config.model.width, "heads": config.model.heads,
-        "seed": config.seed, "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
-        "params_total": counts["total"], "params_embedding": counts["embedding"],
-        "lr_rule": config.optim.lr_rule, "peak_lr_hidden": learning_rates(config.optim, config.model)["hidden"],
-        "data_fingerprint": pipeline.fingerprint, "code_version": code_version(),
-        "tokens_per_step": config.batch_size * config.data.seq_len,
-    }
-    existing_config = run_dir / "config.json"
-    if existing_config.exists():
-        previous_config = from_dict(TrainConfig, json.loads(existing_config.read_text()))
-        if config_id(previous_config) != config_id(config):
-            raise ValueError(f"workdir {run_dir} holds a run of a different config (run id "
-                             f"{config_id(previous_config)}, this config {config_id(config)}); use a new workdir")
+    record = records.RunRecord(
+        run_id=run_id, status="running", depth=config.model.depth, width=config.model.width, seed=config.seed,
+        params_non_embedding=budget.non_embedding_params(config.model.depth, config.model.width),
+        name=config.name, sweep=config.sweep_name, point_id=config_id(dataclasses.replace(config, seed=0)),
+        heads=config.model.heads, params_total=counts["total"], params_embedding=counts["embedding"],
+        lr_rule=config.optim.lr_rule, peak_lr=config.optim.peak_lr,
+        peak_lr_hidden=learning_rates(config.optim, config.model)["hidden"], code_version=rundir.code_version(),
+        tokens_per_step=config.batch_size * config.data.seq_len, planned_steps=config.steps)
     if main_process:
-        _write_json(existing_config, to_dict(config))
-
+        records.write_json_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2, sort_keys=True))
     try:
-        return _train(config, run_dir, pipeline, mesh, record, show_progress, stop_requested)
-    except Preempted:
+        pipeline = data.build(config.data)
+        record = record.replace(data_fingerprint=pipeline.fingerprint)
+        resolved = resolve_config(config, pipeline)
+        mesh = mesh_lib.make_mesh(resolved.mesh, devices)
+        mesh_lib.check_batch(mesh, resolved.batch_size)
+        return _train(resolved, run_dir, pipeline, mesh, record, show_progress, stop_requested)
+    except (Preempted, LeaseLost):
         raise
     except BaseException as error:
-        if main_process:
-            failed = {**record, "status": "failed", "error": f"{type(error).__name__}: {error}",
-                      "traceback": traceback.format_exc()[-4000:]}
-            _write_json(run_dir / "result.json", failed)
+        if main_process and not (stop_requested["lease"] is not None and stop_requested["lease"].lost):
+            failed = record.replace(status="failed", error=rundir.one_line(error), log_file=rundir.log_failure(run_dir, error))
+            records.write_record(run_dir, failed)
         raise
 
 
-def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dict, show_progress: bool,
-           stop_requested: dict) -> dict:
+def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: records.RunRecord,
+           show_progress: bool, stop_requested: dict) -> records.RunRecord:
     started = time.perf_counter()
     main_process = jax.process_index() == 0
     mask_id = pipeline.mask_id if (config.model.objective == "masked" and pipeline.kind == "lm") else None
     program = build(config, mesh, mask_id=mask_id, random_token_limit=pipeline.vocab_size)
-    manager = ocp.CheckpointManager(
-        run_dir / "checkpoints",
-        options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True,
-                                             enable_async_checkpointing=True),
-        item_names=("state", "meta"))
-    latest = manager.latest_step()
-    if latest is not None:
-        restored = manager.restore(latest, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(program.abstract_state), meta=ocp.args.JsonRestore()))
-        state, meta = restored["state"], restored["meta"]
-    else:
-        state = program.init(jax.random.PRNGKey(config.seed))
-        meta = {"wandb_id": new_wandb_id(), "initial_eval_loss": None}
-    start_step = int(jax.device_get(state["step"]))
+    checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state)
+    tracker = None
+    try:
+        restored = checkpoints.restore_newest()
+        for line in checkpoints.skipped:
+            print(f"warning: {run_dir.name}: damaged checkpoint passed over, {line}", file=sys.stderr)
+        if restored is not None:
+            state, meta, start_step = restored
+        else:
+            state, start_step = program.init(jax.random.PRNGKey(config.seed)), 0
+            meta = {"wandb_id": new_wandb_id(), "initial_eval_loss": None, "wall_seconds": 0.0}
+        # Rows past the restored step were logged by a segment whose later state is lost; they are redone.
+        tracker = Tracker(run_dir, total_steps=config.steps, start_step=start_step, config=to_dict(config),
+                          name=config.name or run_dir.name, group=config.sweep_name, project=config.wandb_project,
+                          mode=config.wandb_mode, wandb_id=meta["wandb_id"], is_main_process=main_process,
+                          show_progress=show_progress, keep_until_step=start_step if restored else None)
+        record, state = _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta, start_step,
+                              record, started, stop_requested)
+        checkpoints.finish()
+    except BaseException:
+        if tracker is not None:
+            tracker.close(exit_code=1)
+        raise
+    finally:
+        checkpoints.close()
+    tracker.summary({"final_eval_loss": record.final_eval_loss, "status": record.status})
+    tracker.close(exit_code=0 if record.status == "finished" else 1)
+    if main_process:
+        records.write_record(run_dir, record)
+    return record
 
-    tracker = Tracker(run_dir, total_steps=config.steps, start_step=start_step, config=to_dict(config),
-                      name=config.name or run_dir.name, group=config.sweep_name, project=config.wandb_project,
-                      mode=config.wandb_mode, wandb_id=meta["wandb_id"], is_main_process=main_process,
-                      show_progress=show_progress)
+
+def _check_stop(stop_requested: dict) -> None:
+    run_lease = stop_requested["lease"]
+    if run_lease is not None and run_lease.lost:
+        raise LeaseLost("another process took over this run's lease; stopped without writing to it")
+
+
+def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta, start_step, record, started,
+          stop_requested):
+    """Train from ``start_step`` to the end; returns the final record and state."""
+    mesh = program.mesh
     validation = pipeline.validation_batches(config.batch_size, config.eval_batches, jax.process_index(),
                                              jax.process_count())
     if meta.get("initial_eval_loss") is None:
         meta["initial_eval_loss"] = evaluate(program, state["params"], validation, config.batch_size)
         tracker.log(start_step, {"eval_loss": meta["initial_eval_loss"]})
+    earlier_seconds = float(meta.get("wall_seconds", 0.0))
+
+    def save(step, force=False):
+        tracker.flush(through_step=step)
+        meta["wall_seconds"] = earlier_seconds + time.perf_counter() - started
+        checkpoints.save(step, state, meta, force=force)
 
     if _agree(stop_requested["flag"]):  # SIGTERM while loading or compiling: nothing new to save
-        manager.close()
         tracker.close(exit_code=PREEMPTED_EXIT_CODE)
         raise Preempted(f"stopped by SIGTERM before training resumed at step {start_step}")
 
-    def save(step, force=False):
-        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-                     force=force)
-
     tokens_per_step = config.batch_size * config.data.seq_len
-    flops_per_token = 6 * record["params_non_embedding"]
+    flops_per_token = 6 * record.params_non_embedding
     pending, status, last_loss, eval_loss = [], "finished", None, None
     window_start, window_steps = time.perf_counter(), 0
     iterator = pipeline.train_iterator(config.seed, start_step, config.batch_size, jax.process_index(),
                                        jax.process_count())
-    step = start_step
     try:
         for step, local_batch in iterator:
             if step >= config.steps:
@@ -438,7 +380,7 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dic
             state, metrics = program.train_step(state, mesh_lib.global_batch(local_batch, mesh, config.batch_size))
             pending.append((step, metrics))
             window_steps += 1
-            tracker.advance()
+            tracker.advance()  # the first call comes after compilation, so the ETA excludes it
             done = step + 1
             boundary = done % config.log_every == 0 or done % config.checkpoint_every == 0 or done == config.steps
             if boundary:
@@ -446,7 +388,7 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dic
                 if not all(bool(m["finite"]) for m in fetched):
                     status = "diverged"
                     bad = next(s for (s, _), m in zip(pending, fetched) if not bool(m["finite"]))
-                    tracker.log(bad + 1, {"loss": float("nan"), "diverged": 1.0})
+                    tracker.log(bad + 1, {"loss": None, "diverged": 1.0})
                     break
                 elapsed = time.perf_counter() - window_start
                 speed = window_steps * tokens_per_step / max(elapsed, 1e-9)
@@ -459,12 +401,12 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dic
             if config.eval_every and done % config.eval_every == 0 and done != config.steps:
                 eval_loss = evaluate(program, state["params"], validation, config.batch_size)
                 tracker.log(done, {"eval_loss": eval_loss})
+            _check_stop(stop_requested)
             if done % config.checkpoint_every == 0 and done != config.steps:
                 save(done)
             if _agree(stop_requested["flag"]):
                 save(done, force=True)
-                manager.wait_until_finished()
-                tracker.log(done, {"preempted": 1.0})
+                checkpoints.finish()
                 tracker.close(exit_code=PREEMPTED_EXIT_CODE)
                 raise Preempted(f"stopped by SIGTERM after step {done}; checkpoint saved")
     finally:
@@ -476,21 +418,17 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: dic
     if status == "finished":
         eval_loss = evaluate(program, state["params"], validation, config.batch_size)
         tracker.log(steps_done, {"eval_loss": eval_loss})
-        if steps_done not in manager.all_steps():
+        _check_stop(stop_requested)
+        if steps_done not in checkpoints.steps():
             save(steps_done, force=True)
-    manager.wait_until_finished()
-    manager.close()
-    result = {**record, "status": status, "final_eval_loss": eval_loss if status == "finished" else None,
-              "initial_eval_loss": meta["initial_eval_loss"], "final_train_loss": last_loss,
-              "steps": steps_done, "tokens": steps_done * tokens_per_step,
-              "wall_seconds": time.perf_counter() - started, "wandb_id": tracker.wandb_id}
     if status == "finished" and (eval_loss is None or not math.isfinite(eval_loss)):
-        result["status"] = "diverged"
-    tracker.summary({"final_eval_loss": result["final_eval_loss"], "status": result["status"]})
-    tracker.close(exit_code=0 if result["status"] == "finished" else 1)
-    if jax.process_index() == 0:
-        _write_json(run_dir / "result.json", result)
-    return result
+        status = "diverged"
+    record = record.replace(
+        status=status, final_eval_loss=eval_loss if status == "finished" else None,
+        initial_eval_loss=meta["initial_eval_loss"], final_train_loss=last_loss, steps=steps_done,
+        tokens=steps_done * tokens_per_step, wall_seconds=earlier_seconds + time.perf_counter() - started,
+        wandb_id=tracker.wandb_id)
+    return record, state
 
 
 def _agree(flag: bool) -> bool:
@@ -544,19 +482,24 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    tune_cpu_allocator()
     mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     try:
         result = run(config, args.workdir, show_progress=not args.no_progress)
     except Preempted as stop:
         print(str(stop), file=sys.stderr)
         return PREEMPTED_EXIT_CODE
-    except ValueError as error:
+    except (rundir.ConfigMismatch, lease_lib.RunBusy, LeaseLost) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:  # noqa: BLE001 - the traceback is in the run's error.log
+        where = rundir.absolute_path(args.workdir) / "error.log"
+        print(f"error: run failed: {rundir.one_line(error)} (traceback in {where})", file=sys.stderr)
+        return 1
     if jax.process_index() == 0:
-        print(json.dumps({k: result.get(k) for k in ("status", "name", "final_eval_loss", "steps", "tokens",
-                                                     "wall_seconds")}))
-    return 0 if result["status"] == "finished" else 1
+        print(json.dumps({k: getattr(result, k) for k in ("status", "name", "final_eval_loss", "steps", "tokens",
+                                                          "wall_seconds")}))
+    return 0 if result.status == "finished" else 1
 
 
 if __name__ == "__main__":

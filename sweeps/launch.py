@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib
+import dataclasses
 import json
 import math
 import os
@@ -59,8 +59,8 @@ import sys
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
 
-STATUSES = ("pending", "resumable", "failed", "diverged", "finished")
-TO_TRAIN = ("pending", "resumable", "failed")
+STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
+TO_TRAIN = ("pending", "resumable", "unreadable", "failed")
 # Assumed utilisation for time estimates when no run of the sweep has finished yet.
 GUESSED_UTILISATION = 0.3
 
@@ -84,15 +84,28 @@ class RunState(collections.namedtuple("RunState", "spec status checkpoint_step r
 
 
 def read_state(run: RunSpec, workdir) -> RunState:
-    """The run's status from its directory, without importing the trainer or starting JAX."""
+    """The run's status from its directory, without importing the trainer or starting JAX.
+
+    A record that cannot be read gives status ``unreadable`` (with the reason
+    in ``record["error"]``); ``run`` trains such a run again, resuming from
+    its checkpoints, and the others are unaffected.
+    """
+    from scaling import records
+
     run_dir = run.run_dir(workdir)
-    result = run_dir / "result.json"
-    record = json.loads(result.read_text()) if result.exists() else None
+    try:
+        found = records.read_record(run_dir)
+        record = dataclasses.asdict(found) if found is not None else None
+        status = found.status if found is not None else None
+    except records.RecordError as error:
+        record, status = {"error": str(error)}, "unreadable"
     checkpoints = run_dir / "checkpoints"
-    steps = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.exists() else []
+    try:
+        steps = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.exists() else []
+    except OSError:
+        steps = []
     step = max(steps) if steps else None
-    status = (record or {}).get("status")
-    if status not in ("finished", "diverged", "failed"):
+    if status not in ("finished", "diverged", "failed", "unreadable"):
         status = "resumable" if step is not None else "pending"
     return RunState(run, status, step, record)
 
@@ -115,12 +128,6 @@ def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
     ours = {run.run_id for run in runs}
     return sorted(p.name for p in sweep_dir.iterdir()
                   if p.name not in ours and ((p / "config.json").exists() or (p / "result.json").exists()))
-
-
-def _write_json(path, value: dict) -> None:
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True))
-    tmp.replace(path)
 
 
 # ---------------------------------------------------------------------------
@@ -163,6 +170,10 @@ def _counts_line(states) -> str:
 
 def _skipped_lines(skipped) -> list[str]:
     return [f"skipped: depth {s.depth}, budget {s.budget:.3g}: {s.reason}" for s in skipped]
+
+
+def _unreadable_lines(states) -> list[str]:
+    return [f"unreadable record: {s.record['error']}" for s in states if s.status == "unreadable"]
 
 
 def _foreign_note(sweep, runs, workdir) -> list[str]:
@@ -285,7 +296,7 @@ def cmd_list(sweep: Sweep, args) -> int:
         return 0
     print(f"sweep {sweep.name}: {which}; run directories under {os.path.join(str(args.workdir), sweep.name)}")
     print(run_table(states))
-    for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
+    for line in _skipped_lines(skipped) + _unreadable_lines(states) + _foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
 
@@ -301,7 +312,8 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     runs, skipped = sweep.expand()
     mine, which = _my_runs(runs, _my_share(args, allow_env=True), args)
     states = read_states(mine, args.workdir)
-    actions = {"pending": "train", "failed": "retry", "diverged": "skip (diverged)", "finished": "skip"}
+    actions = {"pending": "train", "failed": "retry", "diverged": "skip (diverged)", "finished": "skip",
+               "unreadable": "train again (record unreadable)"}
     todo = [s for s in states if s.status in TO_TRAIN]
     flops = sum(s.spec.flops for s in todo)
     measured = _throughput(read_states(runs, args.workdir))
@@ -329,7 +341,7 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     print(f"cost: {sum(s.spec.tokens for s in todo):.3g} training tokens, ≈{flops:.2g} FLOPs "
           f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {flops / speed / 3600:.3g} device-hours at {how}; "
           "compilation and evaluation add to this")
-    for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
+    for line in _skipped_lines(skipped) + _unreadable_lines(states) + _foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
 
@@ -342,6 +354,8 @@ def cmd_status(sweep: Sweep, args) -> int:
         print(status_json(sweep, states, skipped, which, args.workdir))
         return 0
     print(summary(sweep, states, args.workdir))
+    for line in _unreadable_lines(states):
+        print(line)
     return 0
 
 
@@ -388,11 +402,14 @@ def cmd_run(sweep: Sweep, args) -> int:
         os.environ.update(spec_lib.host_parallel_env(os.environ))  # before JAX starts its backend
     mine, which = _my_runs(runs, share, args)
 
+    from scaling import train
+
+    train.tune_cpu_allocator()  # before JAX starts its CPU backend
     import jax
     from etils import epath
     from tqdm.auto import tqdm
 
-    from scaling import train
+    from scaling import lease, records, rundir
 
     main_process = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
@@ -400,19 +417,26 @@ def cmd_run(sweep: Sweep, args) -> int:
     first_share = share is None or share[0] == 0
     sweep_dir = epath.Path(args.workdir) / sweep.name
     if main_process and (args.pod_wide or first_share):
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(sweep_dir / "sweep.json", sweep.to_dict())
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            records.write_json_atomic(sweep_dir / "sweep.json", json.dumps(sweep.to_dict(), indent=2, sort_keys=True))
+        except OSError as error:
+            raise LauncherError(f"cannot write to the sweep directory {sweep_dir}: {error}") from None
 
     states = read_states(mine, args.workdir)
     todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
     say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {_counts_line(states)}")
     for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
         say(line)
+    for state in states:
+        if state.status == "unreadable":
+            say(f"{state.spec.name}: {state.record['error']}; it will be trained again")
 
     stop = {"requested": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
     bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="run", disable=not main_process,
                dynamic_ncols=True, file=sys.stderr)
+    busy = []
     try:
         for state in todo:
             run, run_dir = state.spec, state.spec.run_dir(args.workdir)
@@ -421,18 +445,21 @@ def cmd_run(sweep: Sweep, args) -> int:
             except train.Preempted as stopped:
                 say(f"{run.name}: {stopped}; rerun the same command to resume")
                 return train.PREEMPTED_EXIT_CODE
-            except Exception as error:  # noqa: BLE001 - record it, report it, go on with the sweep
-                message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                record = read_state(run, args.workdir).record or {}
-                if main_process and record.get("status") != "failed":
-                    run_dir.mkdir(parents=True, exist_ok=True)
-                    _write_json(run_dir / "result.json", {
-                        **run.describe(), "status": "failed", "sweep": sweep.name,
-                        "error": f"{type(error).__name__}: {message}"})
-                say(f"{run.name}: failed: {type(error).__name__}: {message} (recorded in {run_dir})")
+            except lease.RunBusy as error:
+                busy.append(run.name)
+                say(f"{run.name}: skipped, another launcher holds it: {error}")
+            except train.LeaseLost as error:
+                busy.append(run.name)
+                say(f"{run.name}: stopped: {error}")
+            except rundir.ConfigMismatch as error:
+                say(f"{run.name}: not trained: {error}")
+            except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
+                log = run_dir / "error.log"
+                where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
+                say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
             else:
-                say(f"{run.name}: {result['status']}, eval loss {_fmt(result.get('final_eval_loss'), '.4f')}, "
-                    f"{result.get('steps')} steps in {_fmt(result.get('wall_seconds'), '.0f')} s")
+                say(f"{run.name}: {result.status}, eval loss {_fmt(result.final_eval_loss, '.4f')}, "
+                    f"{result.steps} steps in {_fmt(result.wall_seconds, '.0f')} s")
             bar.update(1)
             if stop["requested"]:
                 say(f"stopping after {run.name}: SIGTERM received; rerun the same command to resume")
@@ -447,17 +474,16 @@ def cmd_run(sweep: Sweep, args) -> int:
         text = status_json(sweep, all_states, skipped, f"all {len(runs)} runs", args.workdir) if args.json else summary(
             sweep, all_states, args.workdir)
         print(text, flush=True)
+        if busy:
+            say(f"{len(busy)} run(s) were being trained by another launcher: {', '.join(busy)}")
         if args.pod_wide or first_share:
             _log_sweep_to_wandb(sweep, all_states, sweep_dir)
     return 1 if any(s.status == "failed" for s in mine_now) else 0
 
 
 def cmd_preflight(sweep: Sweep, args) -> int:
-    try:
-        # import_module looks in sys.modules first, so tests can stand in for the module.
-        preflight = importlib.import_module("sweeps.preflight")
-    except ImportError as error:
-        raise LauncherError(f"the TPU preflight (sweeps/preflight.py) is not available: {error}") from None
+    from sweeps import preflight
+
     return preflight.main(sweep, args)
 
 
@@ -517,11 +543,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _resolve_workdir(text: str) -> str:
+    """The work directory as an absolute path (URIs unchanged); ``LauncherError`` if it is a file."""
+    if "://" in text:
+        return text
+    path = os.path.abspath(os.path.expanduser(text))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise LauncherError(f"--workdir {text}: is a file, not a directory")
+    return path
+
+
 def main(argv=None) -> int:
     """Run the CLI; returns the exit status (2 for unusable input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        args.workdir = _resolve_workdir(args.workdir)
         sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
         return args.function(sweep, args)
     except ValueError as error:  # SweepFileError, LauncherError and config validation errors
@@ -530,6 +567,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{parser.prog} {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `launch list | head`: the reader has gone, so stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

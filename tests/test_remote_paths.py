@@ -86,7 +86,7 @@ def test_a_training_run_writes_its_records_to_gs(gcs, tmp_path, monkeypatch):
     workdir = "gs://bucket/sweep/remote"
     result = train.run(config, workdir, show_progress=False, devices=jax.devices()[:1])
 
-    assert result["status"] == "finished"
+    assert result.status == "finished"
     assert {"bucket/sweep/remote/config.json", "bucket/sweep/remote/metrics.jsonl",
             "bucket/sweep/remote/result.json"} <= set(gcs)
     assert not any(key.endswith(".tmp") for key in gcs)  # written then renamed into place

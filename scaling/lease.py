@@ -1,0 +1,285 @@
+"""A lease per run directory, so that two launchers never train the same run at once.
+
+Before training, a process takes the run's lease: the file ``<run dir>/lease.json``,
+created only if absent, holding the holder's host, pid, a random token and a
+heartbeat time that a background thread renews. Another process that finds a
+live lease skips the run (``RunBusy``); one whose heartbeat is older than
+``stale_seconds``, or whose holder is a dead process on this same host, is
+taken over. A holder whose lease was taken over (it was thought dead) notices
+at its next heartbeat and stops writing to the run (``lease.lost``).
+
+How "create only if absent" is made atomic:
+- local and network filesystems: ``open(O_CREAT | O_EXCL)``, which POSIX
+  makes atomic and NFS v3+ honours. A stale lease is first renamed away
+  (only one of several racing processes can rename it), then created anew.
+- ``gs://``: a Cloud Storage upload with the precondition
+  ``if_generation_match=0`` (create only if no object exists) and, to
+  renew or take over, ``if_generation_match=<the generation read>``; these
+  are the storage's own compare-and-swap, so no lock service is needed.
+  (Written against google-cloud-storage's documented API; not run against
+  Cloud Storage from here.)
+- other object stores (fsspec ``memory://`` in tests, s3, ...): best effort,
+  write then read back the token; a race inside one round trip can still
+  let two processes in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+LEASE_FILE = "lease.json"
+STALE_SECONDS = 300.0  # a lease whose heartbeat is older than this is presumed abandoned
+HEARTBEAT_SECONDS = 30.0
+
+
+class RunBusy(Exception):
+    """Another live process holds this run's lease."""
+
+
+class Lease:
+    """The lease of one run directory. Use ``acquire()`` then ``release()`` (or ``with``)."""
+
+    def __init__(self, run_dir, *, stale_seconds: float = STALE_SECONDS,
+                 heartbeat_seconds: float = HEARTBEAT_SECONDS):
+        self.run_dir = str(run_dir)
+        self.path = self.run_dir.rstrip("/") + "/" + LEASE_FILE
+        self.stale_seconds = stale_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.token = uuid.uuid4().hex
+        self.lost = False  # set by the heartbeat when another process has taken the lease over
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store = _store_for(self.path)
+
+    def _content(self) -> str:
+        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
+                           "heartbeat": time.time()})
+
+    def holder(self) -> dict | None:
+        """The current lease's content (host, pid, token, heartbeat), or None if there is none."""
+        found = self._store.read(self.path)
+        return None if found is None else found[0]
+
+    def acquire(self) -> "Lease":
+        """Take the lease, taking over a stale one; raises ``RunBusy`` naming the live holder."""
+        for _ in range(3):
+            if self._store.create(self.path, self._content()):
+                self._start_heartbeat()
+                return self
+            found = self._store.read(self.path)
+            if found is None:
+                continue  # released between our two calls: try again
+            holder, version = found
+            if not self._is_stale(holder):
+                raise RunBusy(f"{self.run_dir} is being trained by {holder.get('host')} pid {holder.get('pid')} "
+                              f"(heartbeat {time.time() - float(holder.get('heartbeat', 0)):.0f} s ago)")
+            if self._store.take_over(self.path, version, self._content()):
+                self._start_heartbeat()
+                return self
+        raise RunBusy(f"{self.run_dir}: could not take the lease (other processes are racing for it)")
+
+    def _is_stale(self, holder: dict) -> bool:
+        age = time.time() - float(holder.get("heartbeat", 0))
+        if age > self.stale_seconds:
+            return True
+        if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+            return not _alive(holder["pid"])
+        return False
+
+    def _start_heartbeat(self) -> None:
+        self.lost = False
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_seconds):
+            found = self._store.read(self.path)
+            if found is None or found[0].get("token") != self.token:
+                self.lost = True
+                return
+            if not self._store.renew(self.path, found[1], self._content()):
+                self.lost = True
+                return
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the lease if it is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        found = self._store.read(self.path)
+        if found is not None and found[0].get("token") == self.token:
+            self._store.delete(self.path)
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _parse(text: str, modified: float) -> dict:
+    try:
+        value = json.loads(text)
+        if isinstance(value, dict):
+            return value
+    except json.JSONDecodeError:
+        pass
+    return {"heartbeat": modified}  # unreadable (a holder died mid-write): as old as the file
+
+
+class _LocalStore:
+    """Atomic create and compare-and-swap on a POSIX filesystem."""
+
+    def create(self, path: str, text: str) -> bool:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        return True
+
+    def read(self, path: str):
+        try:
+            with open(path) as handle:
+                text = handle.read()
+            version = os.stat(path).st_ino
+            return _parse(text, os.path.getmtime(path)), version
+        except FileNotFoundError:
+            return None
+
+    def take_over(self, path: str, version, text: str) -> bool:
+        # Rename the lease we read away (only one racer can), check it is the
+        # one we read, then create a new one exclusively.
+        aside = f"{path}.{uuid.uuid4().hex[:8]}.old"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        if os.stat(aside).st_ino != version:  # renewed since we read it: put it back untouched
+            try:
+                os.link(aside, path)
+            except FileExistsError:
+                pass
+            os.remove(aside)
+            return False
+        os.remove(aside)
+        return self.create(path, text)
+
+    def renew(self, path: str, version, text: str) -> bool:
+        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)  # the lease file never disappears while it is renewed
+        return True
+
+    def delete(self, path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+class _GcsStore:
+    """Generation preconditions of Cloud Storage: create-if-absent and compare-and-swap."""
+
+    def __init__(self, path: str):
+        from google.cloud import storage
+
+        bucket, _, self.name = path[len("gs://"):].partition("/")
+        self.bucket = storage.Client().bucket(bucket)
+
+    def create(self, path: str, text: str) -> bool:
+        from google.api_core import exceptions
+
+        try:
+            self.bucket.blob(self.name).upload_from_string(text, if_generation_match=0)
+            return True
+        except exceptions.PreconditionFailed:
+            return False
+
+    def read(self, path: str):
+        blob = self.bucket.get_blob(self.name)
+        if blob is None:
+            return None
+        return _parse(blob.download_as_text(), blob.updated.timestamp() if blob.updated else 0.0), blob.generation
+
+    def take_over(self, path: str, version, text: str) -> bool:
+        from google.api_core import exceptions
+
+        try:
+            self.bucket.blob(self.name).upload_from_string(text, if_generation_match=version)
+            return True
+        except exceptions.PreconditionFailed:
+            return False
+
+    renew = take_over
+
+    def delete(self, path: str) -> None:
+        from google.api_core import exceptions
+
+        try:
+            self.bucket.blob(self.name).delete()
+        except exceptions.NotFound:
+            pass
+
+
+class _BestEffortStore:
+    """Any other fsspec store: write, then read back our token."""
+
+    def __init__(self, path: str):
+        from etils import epath
+
+        self._path = epath.Path(path)
+
+    def create(self, path: str, text: str) -> bool:
+        if self._path.exists():
+            return False
+        self._path.write_text(text)
+        return json.loads(self._path.read_text()).get("token") == json.loads(text)["token"]
+
+    def read(self, path: str):
+        if not self._path.exists():
+            return None
+        text = self._path.read_text()
+        return _parse(text, 0.0), text
+
+    def take_over(self, path: str, version, text: str) -> bool:
+        if not self._path.exists() or self._path.read_text() != version:
+            return False
+        self._path.write_text(text)
+        return True
+
+    renew = take_over
+
+    def delete(self, path: str) -> None:
+        if self._path.exists():
+            self._path.unlink()
+
+
+def _store_for(path: str):
+    if path.startswith("gs://"):
+        try:
+            return _GcsStore(path)
+        except ImportError:  # no google-cloud-storage: fall back, as the docstring says
+            return _BestEffortStore(path)
+    if "://" in path:
+        return _BestEffortStore(path)
+    return _LocalStore()

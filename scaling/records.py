@@ -1,0 +1,186 @@
+"""The run record: what one training run leaves behind in ``<run dir>/result.json``.
+
+This module is the record's single definition. The trainer writes it, the
+launcher writes it when a run fails before the trainer could, and the
+analysis reads it; all of them go through ``RunRecord``, ``write_record``
+and ``read_record`` here. It imports neither JAX nor anything heavy, so the
+analysis and the launcher's ``status`` can use it on a laptop.
+
+Guarantees:
+- ``write_record`` is atomic: a reader sees the old record or the new one,
+  never half of one (a temporary file renamed over the old one locally; a
+  single object upload, which object stores apply whole, on ``gs://``).
+- ``read_record`` validates types and values and raises ``RecordError``
+  naming the file and the problem, so one damaged record can be reported
+  and skipped instead of stopping a whole sweep.
+- ``schema_version`` says which fields a record has. Version 1 is this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import uuid
+from typing import Any
+
+SCHEMA_VERSION = 1
+RECORD_FILE = "result.json"
+STATUSES = ("running", "finished", "diverged", "failed")
+
+
+class RecordError(ValueError):
+    """A run record that cannot be read or is not valid; the message names the file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """One run's outcome and identity.
+
+    Units: losses in nats per predicted token (``*_bits`` in bits), sizes in
+    parameters, ``tokens`` in training tokens actually consumed, time in
+    seconds of wall clock summed over every segment of a resumed run.
+    ``point_id`` is the run id of the same config with the seed left out:
+    runs that share it differ only by seed, so the analysis may pool them.
+    """
+
+    run_id: str
+    status: str
+    depth: int
+    width: int
+    seed: int
+    params_non_embedding: int
+    name: str = ""
+    sweep: str = ""
+    point_id: str = ""
+    heads: int | None = None
+    params_total: int | None = None
+    params_embedding: int | None = None
+    lr_rule: str = ""
+    peak_lr: float | None = None
+    peak_lr_hidden: float | None = None
+    data_fingerprint: str = ""
+    code_version: str = ""
+    tokens_per_step: int | None = None
+    planned_steps: int | None = None
+    steps: int = 0
+    tokens: int = 0
+    initial_eval_loss: float | None = None
+    final_eval_loss: float | None = None
+    final_train_loss: float | None = None
+    final_eval_accuracy: float | None = None
+    final_eval_bits: float | None = None
+    wall_seconds: float = 0.0
+    wandb_id: str | None = None
+    error: str | None = None
+    log_file: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r} is invalid: allowed one of {', '.join(STATUSES)}")
+        for name in ("depth", "width", "params_non_embedding"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 1")
+        for name in ("seed", "steps", "tokens"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 0")
+        if not (isinstance(self.run_id, str) and self.run_id):
+            raise ValueError(f"run_id={self.run_id!r} is invalid: allowed a non-empty string")
+        for name in ("initial_eval_loss", "final_eval_loss", "final_train_loss", "final_eval_bits"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                raise ValueError(f"{name}={value!r} is invalid: allowed a number or null")
+        if self.status == "finished":
+            loss = self.final_eval_loss
+            if loss is None or not math.isfinite(loss) or loss < 0:
+                raise ValueError(f"final_eval_loss={loss!r} is invalid for a finished run: allowed a finite "
+                                 "number >= 0")
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"schema_version={self.schema_version!r} is not supported: this code reads "
+                             f"version {SCHEMA_VERSION}")
+
+    def to_json(self) -> str:
+        """Strict JSON (non-finite numbers become null), keys sorted."""
+        return json.dumps({k: _finite_or_none(v) for k, v in dataclasses.asdict(self).items()},
+                          indent=2, sort_keys=True, allow_nan=False)
+
+    def replace(self, **changes) -> "RunRecord":
+        return dataclasses.replace(self, **changes)
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(RunRecord))
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _path(path):
+    from etils import epath
+
+    return epath.Path(path)
+
+
+def record_path(run_dir):
+    """``<run_dir>/result.json`` as an ``etils.epath.Path``."""
+    return _path(run_dir) / RECORD_FILE
+
+
+def from_dict(data: Any, source: str = "<record>") -> RunRecord:
+    """Validate a decoded record; raises ``RecordError`` naming ``source``."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{source}: not a run record (a JSON {type(data).__name__}, expected an object)")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise RecordError(f"{source}: unknown field(s) {unknown}; is it from a newer version of this code?")
+    try:
+        return RunRecord(**data)
+    except TypeError as error:  # a required field is missing
+        raise RecordError(f"{source}: {error}") from None
+    except ValueError as error:
+        raise RecordError(f"{source}: {error}") from None
+
+
+def read_record(run_dir) -> RunRecord | None:
+    """The run's record, None if it has none yet, or ``RecordError`` if it is damaged or invalid."""
+    path = record_path(run_dir)
+    try:
+        if not path.exists():
+            return None
+        text = path.read_text()
+    except OSError as error:
+        raise RecordError(f"{path}: cannot be read: {error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RecordError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}); truncated?") from None
+    return from_dict(data, str(path))
+
+
+def write_json_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers never see a partial file (local or object store)."""
+    path = _path(path)
+    if "://" in str(path):
+        path.write_text(text)  # one object upload; object stores make it visible whole or not at all
+        return
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_record(run_dir, record: RunRecord) -> None:
+    """Write ``record`` atomically to ``<run_dir>/result.json``."""
+    write_json_atomic(record_path(run_dir), record.to_json())

@@ -1,0 +1,82 @@
+"""A run directory's identity and bookkeeping, apart from the record itself (``scaling.records``).
+
+- ``absolute_path``: where a user's relative path really points;
+- ``check_run_dir``: refuse a directory that holds another config's run;
+- ``code_version``: the commit the record is stamped with;
+- ``log_failure``: tracebacks go to ``<run dir>/error.log``, not the terminal.
+Imports neither JAX nor the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import traceback
+
+from etils import epath
+
+from scaling.config import TrainConfig, config_id, from_dict
+
+
+def code_version() -> str:
+    """The git commit of this source tree (with ``+dirty`` if modified), else the package version."""
+    here = epath.Path(__file__).parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return "v" + version("depth-width-scaling")
+        except PackageNotFoundError:
+            return "unknown"
+
+
+def absolute_path(path) -> epath.Path:
+    """``path`` as an absolute ``epath.Path``: a local path is resolved against the current directory
+    (orbax and a later ``cd`` both need that); a URI such as ``gs://bucket/dir`` is kept as it is."""
+    text = str(path)
+    if "://" in text:
+        return epath.Path(text)
+    return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+class ConfigMismatch(ValueError):
+    """The run directory already holds a run of another config."""
+
+
+def check_run_dir(run_dir: epath.Path, config: TrainConfig) -> None:
+    """Refuse a run directory whose ``config.json`` is another config's (whatever the run's status)."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        return
+    try:
+        previous = from_dict(TrainConfig, json.loads(path.read_text()))
+    except (ValueError, TypeError) as error:
+        raise ConfigMismatch(f"{path} is not a readable config ({error}); use a new workdir") from None
+    if config_id(previous) != config_id(config):
+        raise ConfigMismatch(f"{run_dir} holds run {config_id(previous)} ({previous.name or 'unnamed'}), "
+                             f"not this config's run {config_id(config)}; use a new workdir")
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def log_failure(run_dir: epath.Path, error: BaseException) -> str | None:
+    """Append the traceback to ``<run_dir>/error.log``; returns the file name, or None if it cannot be written."""
+    try:
+        path = run_dir / "error.log"
+        previous = path.read_text() if path.exists() else ""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        path.write_text(previous + f"--- {stamp} ---\n" + traceback.format_exc())
+        return path.name
+    except Exception:  # noqa: BLE001 - the record must still be written
+        return None

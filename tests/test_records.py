@@ -1,0 +1,276 @@
+"""Run records you can trust: one record type, leases between launchers, recovery from damage."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scaling import lease, records, train
+from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny(**changes) -> TrainConfig:
+    base = TrainConfig(
+        model=ModelConfig(depth=1, width=16, head_dim=16, max_seq_len=32),
+        data=DataConfig(source="builtin", seq_len=32),
+        optim=OptimConfig(peak_lr=3e-3, warmup_steps=2),
+        steps=20, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=5, keep_checkpoints=3,
+        log_every=5, wandb_mode="disabled", name="tiny")
+    return TrainConfig(**{**base.__dict__, **changes})
+
+
+def _env() -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
+               PYTHONPATH=str(REPO))
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+SWEEP_FILE = """
+from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from sweeps.spec import Sweep
+
+def sweep():
+    base = TrainConfig(model=ModelConfig(head_dim=16, max_seq_len=32), data=DataConfig(seq_len=32),
+                       optim=OptimConfig(peak_lr=3e-3, warmup_steps=2), steps={steps}, batch_size=8,
+                       eval_every=0, eval_batches=2, checkpoint_every=5, log_every=5, wandb_mode="{wandb}")
+    return Sweep(name="mini", base=base, depths=(1, 2), widths={{1: (16, 32), 2: (16,)}}, seeds=(0,),
+                 multiple_of=16)
+"""
+
+
+def write_sweep(tmp_path, steps=20, wandb="disabled") -> Path:
+    path = tmp_path / "mini.py"
+    path.write_text(SWEEP_FILE.format(steps=steps, wandb=wandb))
+    return path
+
+
+def launch(*args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sweeps.launch", *map(str, args)], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def run_dirs(workdir) -> list[Path]:
+    return sorted(p for p in (Path(workdir) / "mini").iterdir() if p.is_dir() and p.name != "wandb")
+
+
+def metric_steps(run_dir) -> list[int]:
+    return [json.loads(line)["step"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------
+# The record type
+
+
+def test_record_round_trip_and_validation(tmp_path):
+    record = records.RunRecord(run_id="abc", status="finished", depth=2, width=32, seed=0,
+                               params_non_embedding=12 * 2 * 32**2, final_eval_loss=2.5, wall_seconds=1.5)
+    records.write_record(tmp_path, record)
+    assert records.read_record(tmp_path) == record
+    assert not list(tmp_path.glob("*.tmp"))  # the temporary file was renamed, not left behind
+    with pytest.raises(ValueError, match="final_eval_loss"):
+        record.replace(final_eval_loss=-1.0)
+    with pytest.raises(ValueError, match="status"):
+        record.replace(status="done")
+    assert json.loads(record.replace(status="diverged", final_eval_loss=float("nan")).to_json())[
+        "final_eval_loss"] is None
+
+
+@pytest.mark.parametrize("text,reason", [('{"run_id": "a", "sta', "not valid JSON"),
+                                         ("[1, 2]", "expected an object"),
+                                         ('{"run_id": "a"}', "missing"),
+                                         ('{"run_id": "a", "status": "finished", "depth": 1, "width": 16, '
+                                          '"seed": 0, "params_non_embedding": 3072, "final_eval_loss": -2}',
+                                          "final_eval_loss")])
+def test_damaged_records_are_named(tmp_path, text, reason):
+    (tmp_path / "result.json").write_text(text)
+    with pytest.raises(records.RecordError, match=reason) as caught:
+        records.read_record(tmp_path)
+    assert str(tmp_path / "result.json") in str(caught.value)
+
+
+def test_records_import_without_jax():
+    code = "import sys, scaling.records, scaling.lease; assert 'jax' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), check=True)
+
+
+# ---------------------------------------------------------------------------
+# Leases
+
+
+def test_a_live_lease_blocks_and_a_stale_one_is_taken_over(tmp_path):
+    holder = lease.Lease(tmp_path, heartbeat_seconds=0.05).acquire()
+    with pytest.raises(lease.RunBusy, match="pid"):
+        lease.Lease(tmp_path).acquire()
+    holder._stop.set()  # the holder stops renewing, as if hung
+    holder._thread.join()
+    stale = json.loads((tmp_path / "lease.json").read_text())
+    stale.update(heartbeat=stale["heartbeat"] - 1000)
+    (tmp_path / "lease.json").write_text(json.dumps(stale))
+    successor = lease.Lease(tmp_path, stale_seconds=60, heartbeat_seconds=0.05).acquire()
+    assert json.loads((tmp_path / "lease.json").read_text())["token"] == successor.token
+    holder._stop.clear()
+    holder._start_heartbeat()  # the old holder wakes up and finds the lease is no longer its own
+    holder._thread.join(timeout=5)
+    assert holder.lost
+    holder.release()  # must not delete the successor's lease
+    assert json.loads((tmp_path / "lease.json").read_text())["token"] == successor.token
+    successor.release()
+    assert not (tmp_path / "lease.json").exists()
+
+
+def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    import socket
+    import time
+
+    (tmp_path / "lease.json").write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead),
+                                                     "token": "x", "heartbeat": time.time()}))
+    taken = lease.Lease(tmp_path).acquire()
+    taken.release()
+
+
+def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
+    sweep = write_sweep(tmp_path, steps=30, wandb="offline")
+    procs = [subprocess.Popen([sys.executable, "-m", "sweeps.launch", "run", str(sweep), "--workdir", "runs"],
+                              cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    dirs = run_dirs(tmp_path / "runs")
+    assert len(dirs) == 3
+    for run_dir in dirs:
+        record = records.read_record(run_dir)
+        assert record.status == "finished" and record.steps == 30
+        steps = metric_steps(run_dir)
+        assert steps == sorted(set(steps)) and steps[-1] == 30
+        assert not list((run_dir / "checkpoints").glob("*tmp*"))
+        assert not (run_dir / "lease.json").exists()
+        assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1  # one training, one wandb run
+        trained_by = [out.count(f"{record.name}: finished") for out in outputs]
+        assert sum(trained_by) == 1, outputs
+
+
+# ---------------------------------------------------------------------------
+# Resume past damage; refuse another config
+
+
+def _largest_file(directory: Path) -> Path:
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["truncate_array", "delete_state", "truncate_meta"])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, capsys):
+    config = tiny()
+    reference = train.run(config, tmp_path / "reference", show_progress=False)
+    run_dir = tmp_path / "run"
+    train.run(config, run_dir, show_progress=False)
+    (run_dir / "result.json").unlink()  # as if the process died after its last checkpoint
+    newest = run_dir / "checkpoints" / "20"
+    if damage == "truncate_array":
+        victim = _largest_file(newest / "state")
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    elif damage == "delete_state":
+        import shutil
+
+        shutil.rmtree(newest / "state")
+    else:
+        victim = next((newest / "meta").rglob("*metadata*"), None) or _largest_file(newest / "meta")
+        victim.write_text(victim.read_text()[:5])
+    resumed = train.run(config, run_dir, show_progress=False)
+    assert "damaged checkpoint passed over, step 20" in capsys.readouterr().err
+    assert resumed.status == "finished" and resumed.steps == 20
+    assert resumed.final_eval_loss == reference.final_eval_loss  # steps 15-20 redone exactly
+    assert metric_steps(run_dir) == metric_steps(tmp_path / "reference")
+
+
+def test_a_finished_run_dir_refuses_another_config(tmp_path):
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(train.to_dict(tiny(steps=4))))
+    cli = [sys.executable, "-m", "scaling.train", "--config", str(config_file), "--workdir", "run", "--no-progress"]
+    subprocess.run(cli, cwd=tmp_path, env=_env(), check=True, capture_output=True)
+    other = subprocess.run(cli + ["--set", "model.depth=2"], cwd=tmp_path, env=_env(), capture_output=True,
+                           text=True)
+    assert other.returncode == 2
+    assert other.stderr.strip().count("\n") == 0 and "holds run" in other.stderr, other.stderr
+
+
+# ---------------------------------------------------------------------------
+# One bad run does not stop the sweep
+
+
+def test_a_truncated_record_is_named_and_the_sweep_goes_on(tmp_path):
+    sweep = write_sweep(tmp_path, steps=5)
+    assert launch("run", sweep, "--workdir", "runs", cwd=tmp_path).returncode == 0
+    damaged, removed = run_dirs(tmp_path / "runs")[:2]
+    (damaged / "result.json").write_text('{"status": "fini')
+    import shutil
+
+    shutil.rmtree(removed)
+    status = launch("status", sweep, "--workdir", "runs", cwd=tmp_path)
+    assert status.returncode == 0 and str(damaged / "result.json") in status.stdout
+    listed = launch("list", sweep, "--workdir", "runs", cwd=tmp_path)
+    assert listed.returncode == 0 and "unreadable" in listed.stdout
+    again = launch("run", sweep, "--workdir", "runs", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert all(records.read_record(d).status == "finished" for d in run_dirs(tmp_path / "runs"))
+
+
+def test_an_unwritable_run_dir_is_reported_and_the_others_train(tmp_path):
+    sweep = write_sweep(tmp_path, steps=5)
+    listing = json.loads(launch("list", sweep, "--workdir", "runs", "--json", cwd=tmp_path).stdout)
+    blocked = tmp_path / "runs" / "mini" / listing["runs"][0]["run_id"]
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("a file where the run directory should be")
+    out = launch("run", sweep, "--workdir", "runs", cwd=tmp_path)
+    assert out.returncode == 1
+    assert str(blocked) in out.stdout and "Traceback" not in out.stdout + out.stderr
+    finished = [d for d in run_dirs(tmp_path / "runs") if records.read_record(d).status == "finished"]
+    assert len(finished) == 2
+
+
+def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(tmp_path, monkeypatch, capsys):
+    """A checkpoint write that fails at step 5 stops that run at step 5 with one line; the next run
+    logs into its own wandb run; the retried run ends with one metrics row per step."""
+    from scaling import checkpoints
+    from sweeps import launch as launcher
+
+    sweep = write_sweep(tmp_path, steps=10, wandb="offline")
+    monkeypatch.chdir(tmp_path)
+    failing = {"dir": None}
+    real_save = checkpoints.ocp.CheckpointManager.save
+
+    def save(self, step, *args, **kwargs):
+        if failing["dir"] is None:
+            failing["dir"] = str(self.directory)
+        if str(self.directory) == failing["dir"]:
+            raise OSError(28, "No space left on device")
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", save)
+    assert launcher.main(["run", str(sweep), "--workdir", "runs"]) == 1
+    out = capsys.readouterr().out
+    failed_lines = [line for line in out.splitlines() if ": failed:" in line]
+    assert len(failed_lines) == 1 and "checkpoint of step 5" in failed_lines[0] and "Traceback" not in out
+    dirs = run_dirs(tmp_path / "runs")
+    failed = next(d for d in dirs if str(d) in failing["dir"])
+    assert records.read_record(failed).status == "failed"
+    assert max(metric_steps(failed)) == 5  # stopped at the checkpoint, not after training
+    assert "OSError" in (failed / "error.log").read_text()
+    for run_dir in dirs:
+        record = records.read_record(run_dir)
+        if record.status == "finished":  # each later run has its own, complete wandb run
+            assert [p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")] == [record.wandb_id]
+            assert list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
+    monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", real_save)
+    assert launcher.main(["run", str(sweep), "--workdir", "runs"]) == 0
+    assert records.read_record(failed).status == "finished"
+    steps = metric_steps(failed)
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 10
