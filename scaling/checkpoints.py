@@ -17,7 +17,10 @@ and ``meta`` (JSON: the wandb id, the initial eval loss, wall seconds so far).
 
 from __future__ import annotations
 
+import gc
+import logging
 import shutil
+import sys
 
 import jax
 import orbax.checkpoint as ocp
@@ -30,7 +33,9 @@ class CheckpointError(RuntimeError):
 
 def _one_line(error: BaseException) -> str:
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+    line = text.splitlines()[0] if text else ""
+    line = line.split(" See full TensorStore details")[0]  # the rest is a multi-line spec dump
+    return f"{type(error).__name__}: {line[:300]}"
 
 
 class Checkpoints:
@@ -66,6 +71,7 @@ class Checkpoints:
     def restore_newest(self):
         """``(state, meta, step)`` from the newest checkpoint that reads back whole, or None if none does."""
         self.manager.reload()
+        self._quiet_failed_reads()
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -79,8 +85,27 @@ class Checkpoints:
                 return restored["state"], meta, step
             except Exception as error:  # noqa: BLE001 - any failure to read back means "damaged"
                 self.skipped.append(f"step {step}: {_one_line(error)}")
+                del error
+                gc.collect()  # the abandoned read tasks report here, while their noise is filtered
                 self._remove(step)
         return None
+
+    def _quiet_failed_reads(self) -> None:
+        # A failed restore leaves orbax's other read tasks to fail later on
+        # closed event loops; each would print a traceback (through asyncio's
+        # logger and the unraisable hook) that buries the one-line warning.
+        # Only those messages are dropped, and only until this run closes.
+        self._asyncio_logger = logging.getLogger("asyncio")
+        self._asyncio_level = self._asyncio_logger.level
+        self._asyncio_logger.setLevel(logging.CRITICAL)
+        self._unraisable_hook = previous = sys.unraisablehook
+
+        def hook(unraisable):
+            message = str(unraisable.exc_value)
+            if not ("Event loop is closed" in message or "error while reading array" in message):
+                previous(unraisable)
+
+        sys.unraisablehook = hook
 
     def _remove(self, step: int) -> None:
         if jax.process_index() == 0:
@@ -121,3 +146,7 @@ class Checkpoints:
             self.manager.close()
         except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
             pass
+        if getattr(self, "_unraisable_hook", None) is not None:
+            sys.unraisablehook = self._unraisable_hook
+            self._asyncio_logger.setLevel(self._asyncio_level)
+            self._unraisable_hook = None

@@ -333,16 +333,47 @@ def _settings_fingerprint(settings: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _streams_digest(train: np.ndarray, validation: np.ndarray) -> str:
+    """SHA-256 hex over both streams' dtype, length and bytes."""
+    digest = hashlib.sha256()
+    for stream in (train, validation):
+        digest.update(f"{stream.dtype.str}:{len(stream)};".encode())
+        digest.update(np.ascontiguousarray(stream).tobytes())
+    return digest.hexdigest()
+
+
 def _cached_streams(path: pathlib.Path, make):
     """Load the (train, validation) token streams from ``path`` or build them
-    with ``make()`` and save them there atomically."""
+    with ``make()`` and save them there atomically.
+
+    A SHA-256 of the streams is stored beside the cache (``<path>.sha256``);
+    a cache that does not match it (truncated, overwritten, or written
+    without one) is reported and rebuilt, never trained on.
+    """
+    digest_path = path.with_name(path.name + ".sha256")
     if path.exists():
-        with np.load(path) as saved:
-            return saved["train"], saved["validation"]
+        try:
+            with np.load(path) as saved:
+                train, validation = saved["train"], saved["validation"]
+            expected = digest_path.read_text().strip() if digest_path.exists() else None
+            if expected is None:
+                problem = f"no checksum file {digest_path.name}"
+            elif _streams_digest(train, validation) != expected:
+                problem = "its contents do not match its checksum"
+            else:
+                return train, validation
+        except Exception as error:  # noqa: BLE001 - zip, pickle and key errors all mean "damaged"
+            problem = f"cannot be read ({type(error).__name__}: {error})"
+        print(f"warning: token cache {path}: {problem}; rebuilding it", file=sys.stderr)
     train, validation = make()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
     np.savez(tmp, train=train, validation=validation)
+    # The checksum goes first: a crash between the two renames leaves a cache
+    # that fails its check and is rebuilt, never one that is trusted unchecked.
+    tmp_digest = digest_path.with_name(f"{digest_path.name}.{os.getpid()}.tmp")
+    tmp_digest.write_text(_streams_digest(train, validation) + "\n")
+    tmp_digest.replace(digest_path)
     tmp.replace(path)
     return train, validation
 

@@ -436,7 +436,7 @@ def cmd_run(sweep: Sweep, args) -> int:
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
     bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="run", disable=not main_process,
                dynamic_ncols=True, file=sys.stderr)
-    busy = []
+    busy, not_trained = [], []  # not_trained: failed before the trainer could write a record
     try:
         for state in todo:
             run, run_dir = state.spec, state.spec.run_dir(args.workdir)
@@ -452,8 +452,10 @@ def cmd_run(sweep: Sweep, args) -> int:
                 busy.append(run.name)
                 say(f"{run.name}: stopped: {error}")
             except rundir.ConfigMismatch as error:
+                not_trained.append(run.name)
                 say(f"{run.name}: not trained: {error}")
             except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
+                not_trained.append(run.name)
                 log = run_dir / "error.log"
                 where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
                 say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
@@ -478,7 +480,7 @@ def cmd_run(sweep: Sweep, args) -> int:
             say(f"{len(busy)} run(s) were being trained by another launcher: {', '.join(busy)}")
         if args.pod_wide or first_share:
             _log_sweep_to_wandb(sweep, all_states, sweep_dir)
-    return 1 if any(s.status == "failed" for s in mine_now) else 0
+    return 1 if not_trained or any(s.status == "failed" for s in mine_now) else 0
 
 
 def cmd_preflight(sweep: Sweep, args) -> int:

@@ -1,7 +1,8 @@
 """The TPU preflight: real ahead-of-time compilation for a TPU slice, on this CPU machine.
 
-These tests need libtpu (``pip install -e ".[tpu]"``), which CI installs, so
-they run there rather than skip. Nothing is allocated: the oversized runs are
+These tests need libtpu (``pip install -e ".[tpu]"``). Without it they are
+skipped with that reason; CI installs it and sets ``SCALING_REQUIRE_LIBTPU=1``
+so that there a missing libtpu fails instead of skipping. Nothing is allocated: the oversized runs are
 rejected by the TPU compiler in about a second.
 """
 
@@ -9,6 +10,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import types
 
 import pytest
@@ -35,7 +37,10 @@ def oversized(remat="none", batch_size=64, mesh=MeshConfig(), depth=48, width=81
 @pytest.fixture(scope="module")
 def devices():
     if not preflight.libtpu_installed():
-        pytest.fail('the preflight tests need libtpu: pip install -e ".[tpu]" (CI installs it)')
+        message = 'needs libtpu, the optional tpu extra: pip install -e ".[tpu]"'
+        if os.environ.get("SCALING_REQUIRE_LIBTPU") == "1":  # CI installs the extra; a missing one is an error there
+            pytest.fail(message)
+        pytest.skip(message)
     return preflight.topology_devices(preflight.parse_topology(TOPOLOGY))
 
 

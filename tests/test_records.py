@@ -174,9 +174,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, 
     train.run(config, run_dir, show_progress=False)
     (run_dir / "result.json").unlink()  # as if the process died after its last checkpoint
     newest = run_dir / "checkpoints" / "20"
-    if damage == "truncate_array":
-        victim = _largest_file(newest / "state")
-        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    if damage == "truncate_array":  # as a write cut off part-way leaves them
+        for victim in (newest / "state").rglob("d/*"):
+            victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     elif damage == "delete_state":
         import shutil
 
