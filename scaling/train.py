@@ -482,6 +482,9 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if "://" not in args.workdir and os.path.isfile(os.path.expanduser(args.workdir)):
+        print(f"error: --workdir {args.workdir}: is a file, not a directory", file=sys.stderr)
+        return 2
     tune_cpu_allocator()
     mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     try:

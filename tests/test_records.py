@@ -274,3 +274,71 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
     assert records.read_record(failed).status == "finished"
     steps = metric_steps(failed)
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 10
+
+
+# ---------------------------------------------------------------------------
+# What the user reads
+
+
+def test_the_progress_bar_clock_starts_after_compilation(tmp_path):
+    import time
+
+    from scaling.track import Tracker
+
+    tracker = Tracker(tmp_path, total_steps=100, start_step=40, config={}, name="eta", mode="disabled",
+                      show_progress=True, keep_until_step=40)
+    opened = tracker.bar.start_t
+    assert tracker.bar.postfix == "compiling"
+    time.sleep(0.05)  # stands in for compilation
+    tracker.advance()
+    assert tracker.bar.start_t > opened  # the ETA is measured from the first trained step
+    assert tracker.bar.n == 41 and "compiling" not in (tracker.bar.postfix or "")
+    tracker.close()
+
+
+def test_piped_output_closes_quietly(tmp_path):
+    sweep = write_sweep(tmp_path)
+    # `true` exits without reading, so the launcher writes into a closed pipe.
+    done = subprocess.run(["bash", "-c", f"{sys.executable} -m sweeps.launch list {sweep} --workdir runs | true"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------------------
+# Bad input: one line naming the field or argument
+
+
+@pytest.mark.parametrize("setting, named", [
+    ("model.num_heads=abc", "model.num_heads"), ("model=3", "model"), ("steps=1e400", "steps"),
+    ("steps=abc", "steps"), ("optim.peak_lr=inf", "optim.peak_lr"), ("steps=10.7", "steps")])
+def test_a_bad_override_is_one_line_naming_the_field(setting, named, tmp_path, capsys):
+    assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", setting]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_with_a_fractional_step_count_is_refused(tmp_path, capsys):
+    config = train.to_dict(tiny())
+    config["steps"] = 10.7
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert train.main(["--config", str(tmp_path / "config.json"), "--workdir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "steps" in err and "10.7" in err, err
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "taken").write_text("")
+    assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "taken")]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+    sweep = write_sweep(tmp_path)
+    done = launch("run", sweep, "--workdir", "taken", cwd=tmp_path)
+    assert done.returncode == 2 and "is a file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_wall_seconds_add_up_over_resumed_segments(tmp_path):
+    config = tiny()
+    first = train.run(config, tmp_path / "run", show_progress=False)
+    (tmp_path / "run" / "result.json").unlink()  # as if killed after the last checkpoint
+    resumed = train.run(config, tmp_path / "run", show_progress=False)
+    assert resumed.steps == first.steps and resumed.wall_seconds >= first.wall_seconds
