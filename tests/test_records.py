@@ -231,10 +231,17 @@ def _largest_file(directory: Path) -> Path:
     return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """The tiny config trained once, undisturbed: (run directory, record)."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    return run_dir, train.run(tiny(), run_dir, show_progress=False)
+
+
 @pytest.mark.parametrize("damage", ["truncate_array", "delete_state", "truncate_meta"])
-def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, capsys):
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, capsys, reference_run):
     config = tiny()
-    reference = train.run(config, tmp_path / "reference", show_progress=False)
+    reference_dir, reference = reference_run
     run_dir = tmp_path / "run"
     train.run(config, run_dir, show_progress=False)
     (run_dir / "result.json").unlink()  # as if the process died after its last checkpoint
@@ -253,7 +260,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, 
     assert "damaged checkpoint passed over, step 20" in capsys.readouterr().err
     assert resumed.status == "finished" and resumed.steps == 20
     assert resumed.final_eval_loss == reference.final_eval_loss  # steps 15-20 redone exactly
-    assert metric_steps(run_dir) == metric_steps(tmp_path / "reference")
+    assert metric_steps(run_dir) == metric_steps(reference_dir)
 
 
 def test_a_finished_run_dir_refuses_another_config(tmp_path):
@@ -401,9 +408,11 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capsys):
     assert done.returncode == 2 and "is a file" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_wall_seconds_add_up_over_resumed_segments(tmp_path):
-    config = tiny()
-    first = train.run(config, tmp_path / "run", show_progress=False)
+def test_wall_seconds_add_up_over_resumed_segments(tmp_path, reference_run):
+    import shutil
+
+    reference_dir, first = reference_run
+    shutil.copytree(reference_dir, tmp_path / "run")
     (tmp_path / "run" / "result.json").unlink()  # as if killed after the last checkpoint
-    resumed = train.run(config, tmp_path / "run", show_progress=False)
+    resumed = train.run(tiny(), tmp_path / "run", show_progress=False)
     assert resumed.steps == first.steps and resumed.wall_seconds >= first.wall_seconds
