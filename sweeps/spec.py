@@ -164,6 +164,8 @@ class Sweep:
     - ``widths``: explicit widths per depth (dict depth -> sequence, channels).
     - ``seeds``: one run per seed (initialisation and data order).
     - ``lr_grid``: optional ``optim.peak_lr`` values, one run per value per shape.
+    - ``peak_lr_by_depth``: optional dict depth -> ``optim.peak_lr``, for a
+      rate calibrated per depth (cannot be combined with ``lr_grid``).
     - ``multiple_of``: width rounding in channels; keep it a multiple of
       ``base.model.head_dim`` so every width splits into whole heads.
     Validated on construction: a bad sweep fails before anything runs.
@@ -177,6 +179,7 @@ class Sweep:
     seeds: tuple[int, ...] = (0,)
     lr_grid: tuple[float, ...] = ()
     multiple_of: int = 64
+    peak_lr_by_depth: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -203,6 +206,13 @@ class Sweep:
         if min(self.seeds) < 0:
             raise ValueError(f"seeds={self.seeds!r} is invalid: allowed integers >= 0")
         set_("lr_grid", _positive_floats(self.lr_grid, "lr_grid") if self.lr_grid else ())
+        if self.peak_lr_by_depth:
+            if self.lr_grid:
+                raise ValueError("give at most one of lr_grid (every rate for every shape) and peak_lr_by_depth")
+            set_("peak_lr_by_depth", self._per_depth(
+                self.peak_lr_by_depth, "peak_lr_by_depth", lambda value, field: _positive_floats((value,), field)[0]))
+        else:
+            set_("peak_lr_by_depth", None)
         if not isinstance(self.multiple_of, int) or self.multiple_of < 1:
             raise ValueError(f"multiple_of={self.multiple_of!r} is invalid: allowed an integer >= 1")
         self.expand()  # every run's config validates now, not when it is reached
@@ -245,7 +255,10 @@ class Sweep:
     def _run(self, depth, width, seed, lr, point_budget) -> RunSpec:
         name = f"L{depth}-d{width}-s{seed}" + (f"-lr{lr_tag(lr)}" if lr is not None else "")
         base = self.base
-        optim = base.optim if lr is None else dataclasses.replace(base.optim, peak_lr=lr)
+        if lr is None and self.peak_lr_by_depth:
+            optim = dataclasses.replace(base.optim, peak_lr=self.peak_lr_by_depth[depth])
+        else:
+            optim = base.optim if lr is None else dataclasses.replace(base.optim, peak_lr=lr)
         try:
             config = dataclasses.replace(base, model=dataclasses.replace(base.model, depth=depth, width=width),
                                          optim=optim, seed=seed, sweep_name=self.name, name=name)
@@ -257,12 +270,15 @@ class Sweep:
         """JSON-ready description: the base config, the grid, and the runs it gives."""
         runs, skipped = self.expand()
         per_depth = lambda value: {str(k): list(v) for k, v in value.items()}  # noqa: E731
-        return {"name": self.name, "base": to_dict(self.base), "depths": list(self.depths),
+        described = {"name": self.name, "base": to_dict(self.base), "depths": list(self.depths),
                 "budgets": per_depth(self.budgets) if isinstance(self.budgets, dict) else list(self.budgets),
                 "widths": per_depth(self.widths) if self.widths else None, "seeds": list(self.seeds),
                 "lr_grid": list(self.lr_grid), "multiple_of": self.multiple_of,
                 "runs": [{"name": run.name, "run_id": run.run_id} for run in runs],
                 "skipped": [skip._asdict() for skip in skipped]}
+        if self.peak_lr_by_depth:  # only when used, so the descriptions of other sweeps stay as they were
+            described["peak_lr_by_depth"] = {str(k): v for k, v in self.peak_lr_by_depth.items()}
+        return described
 
     def digest(self) -> str:
         """A short stable hash of ``to_dict()`` (12 hex characters)."""
@@ -275,7 +291,7 @@ def with_overrides(sweep: Sweep, assignments: list[str]) -> Sweep:
         return sweep
     for assignment in assignments:
         key = assignment.split("=", 1)[0]
-        if key in GRID_FIELDS or (key == "optim.peak_lr" and sweep.lr_grid):
+        if key in GRID_FIELDS or (key == "optim.peak_lr" and (sweep.lr_grid or sweep.peak_lr_by_depth)):
             raise ValueError(f"--set {assignment}: {key} is set per run by the sweep grid; edit the sweep file")
     return dataclasses.replace(sweep, base=override(sweep.base, assignments))
 

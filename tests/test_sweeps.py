@@ -1,5 +1,6 @@
 """The sweep launcher: expansion, budgets, shards, hosts, CLI errors, and real sweeps (run, kill, rerun, diverge)."""
 
+import dataclasses
 import json
 import os
 import random
@@ -491,6 +492,27 @@ def test_sweep_validation():
             Sweep(name="bad", base=base, multiple_of=16, **fields)
     with pytest.raises(ValueError, match="name"):
         Sweep(name="a/b", base=base, depths=(1,), budgets=(1e5,))
+
+
+def test_a_peak_rate_per_depth():
+    base = write_sweep_text("depths=(1,), widths={1: (16,)}")().base
+    sweep = Sweep(name="per_depth", base=base, depths=(1, 2), widths={1: (16, 32), 2: (16,)}, seeds=(0, 1),
+                  peak_lr_by_depth={1: 4e-3, 2: 2e-3}, multiple_of=16)
+    runs, _ = sweep.expand()
+    assert {(r.config.model.depth, r.config.optim.peak_lr) for r in runs} == {(1, 4e-3), (2, 2e-3)}
+    plain = Sweep(name="per_depth", base=base, depths=(1, 2), widths={1: (16, 32), 2: (16,)}, seeds=(0, 1),
+                  multiple_of=16)
+    assert "peak_lr_by_depth" not in plain.to_dict()  # other sweeps' descriptions are unchanged
+    # A run with the rate its depth was given is the same run as one configured by hand.
+    by_hand = dataclasses.replace(plain.expand().runs[0].config,
+                                  optim=dataclasses.replace(base.optim, peak_lr=4e-3))
+    assert runs[0].run_id == spec.config_id(by_hand)
+    for fields in (dict(peak_lr_by_depth={1: 4e-3}), dict(peak_lr_by_depth={1: 4e-3, 2: -1.0}),
+                   dict(peak_lr_by_depth={1: 4e-3, 2: 2e-3}, lr_grid=(1e-3, 2e-3))):
+        with pytest.raises(ValueError, match="peak_lr_by_depth|lr_grid"):
+            Sweep(name="bad", base=base, depths=(1, 2), widths={1: (16,), 2: (16,)}, multiple_of=16, **fields)
+    with pytest.raises(ValueError, match="optim.peak_lr"):
+        spec.with_overrides(sweep, ["optim.peak_lr=1e-3"])
 
 
 def test_preflight_is_dispatched_lazily(tmp_path, monkeypatch):

@@ -12,10 +12,8 @@ heads. The learning-rate rule is μP-style ('mup': hidden matrices get
 It shows the machinery, not the science: at these sizes the shallower net
 should win at every budget (the "too deep for its size" regime), and one
 seed cannot tell significant gaps from noise, so the summary says the
-transition analysis needs more seeds. For that, see cpu_mini.py.
-Measured on the 2-core development machine, shared with other jobs: 92 s
-wall time from a fresh copy of the repository and an empty data cache,
-start-up and final summary included (64-113 s over four runs).
+transition analysis needs more seeds. For that, see cpu_depth.py.
+README.md gives its measured wall time and the machine it was measured on.
 """
 
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
