@@ -10,8 +10,10 @@ at its next heartbeat and stops writing to the run (``lease.lost``).
 
 How "create only if absent" is made atomic:
 - local and network filesystems: ``open(O_CREAT | O_EXCL)``, which POSIX
-  makes atomic and NFS v3+ honours. A stale lease is first renamed away
-  (only one of several racing processes can rename it), then created anew.
+  makes atomic and NFS v3+ honours. The heartbeat is the file's modification
+  time (renewing touches it, never rewrites it). A stale lease is first
+  renamed away (only one of several racing processes can rename it), checked
+  to be unchanged since it was read, then created anew.
 - ``gs://``: a Cloud Storage upload with the precondition
   ``if_generation_match=0`` (create only if no object exists) and, to
   renew or take over, ``if_generation_match=<the generation read>``; these
@@ -98,14 +100,31 @@ class Lease:
         self._thread.start()
 
     def _beat(self) -> None:
+        last_renewed = time.time()
         while not self._stop.wait(self.heartbeat_seconds):
+            try:
+                found = self._store.read(self.path)
+                if found is None or found[0].get("token") != self.token:
+                    self.lost = True
+                    return
+                if not self._store.renew(self.path, found[1], self._content()):
+                    self.lost = True
+                    return
+                last_renewed = time.time()
+            except Exception:  # noqa: BLE001 - a storage hiccup (503, NFS timeout): retry at the next beat
+                if time.time() - last_renewed > self.stale_seconds / 2:
+                    self.lost = True  # others will soon see the lease as stale: stop before they take it
+                    return
+
+    def still_held(self) -> bool:
+        """Read the lease now: True if it is still this process's (False after any error reading it)."""
+        if self.lost:
+            return False
+        try:
             found = self._store.read(self.path)
-            if found is None or found[0].get("token") != self.token:
-                self.lost = True
-                return
-            if not self._store.renew(self.path, found[1], self._content()):
-                self.lost = True
-                return
+        except Exception:  # noqa: BLE001 - cannot tell: treat as lost rather than risk two writers
+            return False
+        return found is not None and found[0].get("token") == self.token
 
     def release(self) -> None:
         """Stop the heartbeat and delete the lease if it is still ours."""
@@ -157,13 +176,17 @@ class _LocalStore:
         return True
 
     def read(self, path: str):
+        # The version is the content and modification time read through one
+        # handle: a renewal changes the time, a takeover the content.
         try:
             with open(path) as handle:
                 text = handle.read()
-            version = os.stat(path).st_ino
-            return _parse(text, os.path.getmtime(path)), version
+                modified_ns = os.fstat(handle.fileno()).st_mtime_ns
         except FileNotFoundError:
             return None
+        holder = _parse(text, modified_ns / 1e9)
+        holder["heartbeat"] = modified_ns / 1e9  # renewals touch the file (see renew)
+        return holder, (text, modified_ns)
 
     def take_over(self, path: str, version, text: str) -> bool:
         # Rename the lease we read away (only one racer can), check it is the
@@ -173,7 +196,9 @@ class _LocalStore:
             os.rename(path, aside)
         except FileNotFoundError:
             return False
-        if os.stat(aside).st_ino != version:  # renewed since we read it: put it back untouched
+        with open(aside) as handle:
+            found = (handle.read(), os.fstat(handle.fileno()).st_mtime_ns)
+        if found != version:  # renewed or replaced since we read it: put it back untouched
             try:
                 os.link(aside, path)
             except FileExistsError:
@@ -184,10 +209,15 @@ class _LocalStore:
         return self.create(path, text)
 
     def renew(self, path: str, version, text: str) -> bool:
-        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)  # the lease file never disappears while it is renewed
+        # Touch, never rewrite: the lease file keeps its content and inode, so a
+        # renewal racing a takeover can at worst refresh the successor's lease,
+        # and the old holder sees the successor's token at its next check.
+        if _parse(version[0], 0.0).get("token") != json.loads(text)["token"]:
+            return False
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return False
         return True
 
     def delete(self, path: str) -> None:
@@ -278,7 +308,12 @@ def _store_for(path: str):
     if path.startswith("gs://"):
         try:
             return _GcsStore(path)
-        except ImportError:  # no google-cloud-storage: fall back, as the docstring says
+        except ImportError:  # no google-cloud-storage: fall back, as the docstring says, and say so
+            import sys
+
+            print("warning: google-cloud-storage is not installed (pip install -e \".[tpu]\"), so leases on "
+                  "gs:// are best effort: two launchers racing within one round trip could both train a run",
+                  file=sys.stderr)
             return _BestEffortStore(path)
     if "://" in path:
         return _BestEffortStore(path)

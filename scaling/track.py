@@ -45,7 +45,8 @@ class Tracker:
     same step (training loss, then an evaluation) are merged into one row,
     written once a later step is logged or at ``flush``. When a run resumes
     from a checkpoint at step S (``keep_until_step=S``), rows after S, left by
-    the interrupted segment, are removed first; a fresh start
+    the interrupted segment, are removed first and the row of step S is held
+    back so that what the resumed run logs at S merges into it; a fresh start
     (``keep_until_step=None``) clears the file. Non-finite values are written
     as null, so the file is strict JSON.
     """
@@ -92,8 +93,12 @@ class Tracker:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut short by a crash
-                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= keep_until_step:
+                if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+                    continue
+                if row["step"] < keep_until_step:
                     kept.append(line)
+                elif row["step"] == keep_until_step:  # pending again: what the resumed run logs there merges in
+                    self._rows[keep_until_step] = {k: v for k, v in row.items() if k != "step"}
         from scaling.records import write_json_atomic
 
         write_json_atomic(self._metrics_path, "".join(line + "\n" for line in kept))
@@ -138,7 +143,16 @@ class Tracker:
             previous = self._metrics_path.read_text() if self._metrics_path.exists() else ""
             self._metrics_path.write_text(previous + text)
 
+    def discard_pending(self) -> None:
+        """Drop rows not yet written (this process no longer owns the run's files)."""
+        self._rows.clear()
+
+    def pending(self, step: int) -> dict:
+        """The metrics logged at ``step`` and not yet written (a copy; empty if none)."""
+        return dict(self._rows.get(int(step), {}))
+
     def summary(self, values: dict) -> None:
+        """Set wandb summary values (final metrics) for this run; no-op without wandb."""
         if self.wandb_run is not None:
             for key, value in values.items():
                 self.wandb_run.summary[key] = _plain(value)

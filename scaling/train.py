@@ -328,12 +328,20 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: rec
         record, state = _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta, start_step,
                               record, started, stop_requested)
         checkpoints.finish()
-    except BaseException:
+    except BaseException as error:
         if tracker is not None:
+            if isinstance(error, LeaseLost):
+                tracker.discard_pending()  # the run's files belong to the new holder now
             tracker.close(exit_code=1)
         raise
     finally:
         checkpoints.close()
+    try:
+        _check_stop(stop_requested, read_now=True)
+    except LeaseLost:
+        tracker.discard_pending()
+        tracker.close(exit_code=1)
+        raise
     tracker.summary({"final_eval_loss": record.final_eval_loss, "status": record.status})
     tracker.close(exit_code=0 if record.status == "finished" else 1)
     if main_process:
@@ -341,9 +349,11 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: rec
     return record
 
 
-def _check_stop(stop_requested: dict) -> None:
+def _check_stop(stop_requested: dict, *, read_now: bool = False) -> None:
+    """``LeaseLost`` if this run's lease was taken over: from the heartbeat's flag every step, and
+    with ``read_now`` from the lease itself (before a checkpoint or the record is written)."""
     run_lease = stop_requested["lease"]
-    if run_lease is not None and run_lease.lost:
+    if run_lease is not None and (run_lease.lost or (read_now and not run_lease.still_held())):
         raise LeaseLost("another process took over this run's lease; stopped without writing to it")
 
 
@@ -359,6 +369,7 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     earlier_seconds = float(meta.get("wall_seconds", 0.0))
 
     def save(step, force=False):
+        _check_stop(stop_requested, read_now=True)
         tracker.flush(through_step=step)
         meta["wall_seconds"] = earlier_seconds + time.perf_counter() - started
         checkpoints.save(step, state, meta, force=force)
@@ -369,7 +380,8 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
 
     tokens_per_step = config.batch_size * config.data.seq_len
     flops_per_token = 6 * record.params_non_embedding
-    pending, status, last_loss, eval_loss = [], "finished", None, None
+    # A resume at the last step trains nothing: its training loss is the one logged before.
+    pending, status, last_loss, eval_loss = [], "finished", tracker.pending(start_step).get("loss"), None
     window_start, window_steps = time.perf_counter(), 0
     iterator = pipeline.train_iterator(config.seed, start_step, config.batch_size, jax.process_index(),
                                        jax.process_count())
@@ -405,7 +417,8 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
             if done % config.checkpoint_every == 0 and done != config.steps:
                 save(done)
             if _agree(stop_requested["flag"]):
-                save(done, force=True)
+                if done not in checkpoints.steps():  # a checkpoint step is saved already
+                    save(done, force=True)
                 checkpoints.finish()
                 tracker.close(exit_code=PREEMPTED_EXIT_CODE)
                 raise Preempted(f"stopped by SIGTERM after step {done}; checkpoint saved")

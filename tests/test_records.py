@@ -109,11 +109,14 @@ def test_a_live_lease_blocks_and_a_stale_one_is_taken_over(tmp_path):
     holder = lease.Lease(tmp_path, heartbeat_seconds=0.05).acquire()
     with pytest.raises(lease.RunBusy, match="pid"):
         lease.Lease(tmp_path).acquire()
+    time.sleep(0.3)
+    assert (tmp_path / "lease.json").stat().st_mtime > time.time() - 60  # renewed by touching
     holder._stop.set()  # the holder stops renewing, as if hung
     holder._thread.join()
-    stale = json.loads((tmp_path / "lease.json").read_text())
-    stale.update(heartbeat=stale["heartbeat"] - 1000)
-    (tmp_path / "lease.json").write_text(json.dumps(stale))
+    renewed = (tmp_path / "lease.json").stat().st_mtime
+    os.utime(tmp_path / "lease.json", (renewed - 1000, renewed - 1000))  # its last heartbeat, 1000 s ago
+    with pytest.raises(lease.RunBusy):  # a lease renewed within stale_seconds is live
+        lease.Lease(tmp_path, stale_seconds=2000).acquire()
     successor = lease.Lease(tmp_path, stale_seconds=60, heartbeat_seconds=0.05).acquire()
     assert json.loads((tmp_path / "lease.json").read_text())["token"] == successor.token
     holder._stop.clear()
@@ -188,6 +191,28 @@ def test_a_gs_lease_is_taken_and_renewed_under_generation_preconditions(monkeypa
     assert name in bucket.objects
     successor.release()
     assert name not in bucket.objects
+
+
+def test_a_holder_that_cannot_renew_gives_up_before_it_could_be_taken_over(tmp_path, monkeypatch):
+    holder = lease.Lease(tmp_path, stale_seconds=0.4, heartbeat_seconds=0.05).acquire()
+
+    def unreachable(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(holder._store, "read", unreachable)
+    holder._thread.join(timeout=5)  # the heartbeat keeps retrying, then stops after stale_seconds / 2
+    assert holder.lost and not holder.still_held()
+    monkeypatch.undo()
+    holder.release()
+
+
+def test_a_trainer_whose_lease_was_taken_over_stops_without_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease.Lease, "still_held", lambda self: False)  # as if a successor took it
+    with pytest.raises(train.LeaseLost):
+        train.run(tiny(), tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run" / "result.json").exists()
+    assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name[0].isdigit()]
+    assert max(metric_steps(tmp_path / "run"), default=0) < 5  # nothing logged after the first check
 
 
 def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
@@ -416,3 +441,21 @@ def test_wall_seconds_add_up_over_resumed_segments(tmp_path, reference_run):
     (tmp_path / "run" / "result.json").unlink()  # as if killed after the last checkpoint
     resumed = train.run(tiny(), tmp_path / "run", show_progress=False)
     assert resumed.steps == first.steps and resumed.wall_seconds >= first.wall_seconds
+    assert metric_steps(tmp_path / "run") == metric_steps(reference_dir)  # the last step once, not twice
+    assert resumed.final_train_loss == first.final_train_loss is not None
+
+
+def test_a_resumed_tracker_merges_into_the_restored_step(tmp_path):
+    from scaling.track import Tracker
+
+    rows = [{"step": s, "loss": 5.0 - s / 10} for s in range(0, 35, 5)]  # a segment that reached step 30
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3')
+    tracker = Tracker(tmp_path, total_steps=40, start_step=20, config={}, name="t", mode="disabled",
+                      show_progress=False, keep_until_step=20)
+    assert tracker.pending(20) == {"loss": 3.0}
+    tracker.log(20, {"eval_loss": 2.5})
+    tracker.log(25, {"loss": 2.9})
+    tracker.close()
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in written] == [0, 5, 10, 15, 20, 25]
+    assert written[4] == {"step": 20, "loss": 3.0, "eval_loss": 2.5}
