@@ -128,6 +128,23 @@ class HostPlan:
         return {"mode": self.mode, "shard": list(self.shard), "env": dict(self.env),
                 "distributed": dict(self.distributed), "cluster": dataclasses.asdict(self.cluster)}
 
+    def describe(self) -> str:
+        """The decision as a few readable lines."""
+        cluster, settings = self.cluster, self.distributed
+        lines = [f"cluster: {cluster.kind}, process {cluster.index} of {cluster.count}"
+                 + (f", accelerator {cluster.accelerator_type}" if cluster.accelerator_type else ""),
+                 f"mode: {self.mode}, share {self.shard[0]}/{self.shard[1]}"]
+        lines += [f"env: {key}={value}" for key, value in sorted(self.env.items())]
+        if not settings.get("initialize"):
+            lines.append("jax.distributed: not initialised (one process)")
+        elif settings.get("auto"):
+            lines.append(f"jax.distributed: initialised by JAX's own cluster detection, process "
+                         f"{settings['process_id']} of {settings['num_processes']}")
+        else:
+            lines.append(f"jax.distributed: coordinator {settings['coordinator_address']}, process "
+                         f"{settings['process_id']} of {settings['num_processes']}")
+        return "\n".join(lines)
+
 
 # ---------------------------------------------------------------------------
 # Reading the environment
@@ -304,3 +321,30 @@ def initialize(plan: HostPlan) -> None:
     else:
         mesh_lib.initialize_distributed(settings["coordinator_address"], settings["num_processes"],
                                         settings["process_id"])
+
+
+def check(plan: HostPlan) -> tuple[dict, list[str]]:
+    """Start JAX as ``run`` would under ``plan``; what it sees, and what contradicts the plan.
+
+    The facts are ``device_count``, ``local_device_count``, ``process_count``,
+    ``process_index`` and ``platform``. Host-parallel and single-machine
+    processes must be alone (``process_count`` 1) and see only local devices;
+    pod-wide ones must be ``num_processes`` processes.
+    """
+    apply(plan)
+    initialize(plan)
+    import jax
+
+    facts = {"device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
+             "process_count": jax.process_count(), "process_index": jax.process_index(),
+             "platform": jax.devices()[0].platform}
+    expected = plan.distributed.get("num_processes", 1) if plan.mode == "pod-wide" else 1
+    problems = []
+    if facts["process_count"] != expected:
+        problems.append(f"process_count is {facts['process_count']}, expected {expected}")
+    if plan.mode != "pod-wide" and facts["device_count"] != facts["local_device_count"]:
+        problems.append(f"sees {facts['device_count']} devices but only {facts['local_device_count']} are local: "
+                        "the host is not confined to its own chips")
+    if plan.cluster.kind in ("gce-tpu", "gke-tpu") and facts["platform"] != "tpu":
+        problems.append(f"JAX runs on {facts['platform']}, not tpu (is libtpu installed? JAX_PLATFORMS set?)")
+    return facts, problems

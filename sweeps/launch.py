@@ -5,7 +5,7 @@
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--json]
-    python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--json]
+    python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
 
 Every command takes ``--set key=value`` (repeatable), applied to the sweep's
 base config before the grid is expanded, e.g. ``--set steps=100``.
@@ -506,26 +506,24 @@ def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) ->
 
 
 def cmd_hosts(args) -> int:
-    """Print this process's mode, share, environment and jax.distributed settings; JAX is not started."""
+    """Print this process's mode, share, environment and jax.distributed settings (``--check``: and start JAX)."""
     plan = hosts.decide(os.environ, pod_wide=args.pod_wide, shard=args.shard)
+    if args.check:
+        import socket
+
+        facts, problems = hosts.check(plan)
+        if args.json:
+            print(json.dumps({**plan.to_dict(), "check": facts, "problems": problems}, indent=2, sort_keys=True))
+        else:
+            print(f"{socket.gethostname()}: mode {plan.mode}, shard {plan.shard[0]}/{plan.shard[1]}, process "
+                  f"{facts['process_index']} of {facts['process_count']}, {facts['device_count']} "
+                  f"{facts['platform']} devices ({facts['local_device_count']} local)"
+                  + "".join(f"\n  PROBLEM: {p}" for p in problems))
+        return 1 if problems else 0
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
-        return 0
-    cluster = plan.cluster
-    print(f"cluster: {cluster.kind}, process {cluster.index} of {cluster.count}"
-          + (f", accelerator {cluster.accelerator_type}" if cluster.accelerator_type else ""))
-    print(f"mode: {plan.mode}, share {plan.shard[0]}/{plan.shard[1]}")
-    for key, value in sorted(plan.env.items()):
-        print(f"env: {key}={value}")
-    settings = plan.distributed
-    if not settings.get("initialize"):
-        print("jax.distributed: not initialised (one process)")
-    elif settings.get("auto"):
-        print(f"jax.distributed: initialised by JAX's own cluster detection, process {settings['process_id']} "
-              f"of {settings['num_processes']}")
     else:
-        print(f"jax.distributed: coordinator {settings['coordinator_address']}, process {settings['process_id']} "
-              f"of {settings['num_processes']}")
+        print(plan.describe())
     return 0
 
 
@@ -600,6 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--shard", type=_shard_arg, metavar="I/N", help="an explicit share, as given to run")
     sub.add_argument("--json", action="store_true",
                      help='print {"mode", "shard": [i, n], "env", "distributed", "cluster"} as JSON')
+    sub.add_argument("--check", action="store_true",
+                     help="also start JAX as `run` would and print device_count, process_count and the share; "
+                          "exit 1 if they contradict the mode (run it on every worker before the sweep)")
     return parser
 
 

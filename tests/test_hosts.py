@@ -8,6 +8,7 @@ worker 2 of a v5litepod-16 (4 hosts of 4 chips). No TPU is involved.
 import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -170,3 +171,30 @@ def test_bad_environments_give_one_line_errors():
                                                    ("v5p-64", "v5p-8"), ("v6e-16", "v6e-4"), ("v3-32", "v3-8")])
 def test_one_host_accelerator_type(slice_type, host_type):
     assert hosts.one_host_accelerator_type(slice_type) == host_type
+
+
+def test_check_starts_jax_as_run_would_and_reports_what_it_sees(metadata_server):
+    address, _ = metadata_server
+    local = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--check", "--json"], cwd=REPO,
+                           env=clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+                           capture_output=True, text=True, timeout=120)
+    assert local.returncode == 0, local.stderr
+    facts = json.loads(local.stdout)["check"]
+    assert facts == {"device_count": 4, "local_device_count": 4, "process_count": 1, "process_index": 0,
+                     "platform": "cpu"}
+    # One explicit process in pod-wide mode: jax.distributed really starts, and the check agrees.
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    coordinator = f"127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    pod = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--pod-wide", "--check"], cwd=REPO,
+                         env=clean_env(JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES="1",
+                                       JAX_PROCESS_ID="0"), capture_output=True, text=True, timeout=120)
+    assert pod.returncode == 0, pod.stderr
+    assert "mode pod-wide, shard 0/1, process 0 of 1" in pod.stdout
+    # A "TPU worker" whose JAX runs on the CPU: the check says so and fails, before any money is spent.
+    tpu = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--check"], cwd=REPO,
+                         env=clean_env(JAX_PLATFORMS="cpu", GCE_METADATA_IP=address), capture_output=True, text=True,
+                         timeout=120)
+    assert tpu.returncode == 1
+    assert "mode host-parallel, shard 2/4, process 0 of 1" in tpu.stdout and "PROBLEM: JAX runs on cpu" in tpu.stdout
