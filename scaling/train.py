@@ -451,8 +451,8 @@ class StopCheck:
     the steps between. Each check also agrees on the next check step: every
     process proposes as many steps as fit in ``CHECK_SECONDS`` at the speed
     it measured since the last check, and all take the smallest proposal,
-    so checks come every few seconds whatever the model size (the ~30 s
-    notice of a preempted TPU VM leaves room for a check and a save).
+    so checks come every few seconds whatever the model size, well inside
+    the short notice a preempted spot VM gets (about 30 s on GCE).
 
     JAX's own ``multihost_utils.reached_preemption_sync_point`` (which orbax's
     ``reached_preemption`` wraps) would make the check free on every step,

@@ -12,7 +12,8 @@
 - ``distributed``: whether and how to call ``jax.distributed.initialize``.
 
 ``python -m sweeps.launch hosts [--pod-wide] --json`` prints the decision
-without importing JAX.
+without starting JAX's backend; ``hosts --check`` then starts JAX as ``run``
+would and reports what it sees (``check``).
 
 Where the facts come from:
 - **Cloud TPU VMs** (``gcloud compute tpus tpu-vm create``) have no topology
