@@ -58,17 +58,27 @@ sources:
   ``TPU_CHIPS_PER_PROCESS_BOUNDS``, ``TPU_HOST_BOUNDS``,
   ``TPU_CHIPS_PER_HOST_BOUNDS``, ``TPU_ACCELERATOR_TYPE``, ``TPU_WORKER_ID`` and
   ``TPU_WORKER_HOSTNAMES``: so those are the names libtpu reads.
+- GKE's TPU device plugin (https://github.com/ai-on-gke/tpu-device-plugin,
+  pkg/tpu/util/util_test.go, ``TestInitEnvs``) gives a container on a one-host
+  node exactly this set: ``TPU_SKIP_MDS_QUERY``, ``TPU_HOST_BOUNDS=1,1,1``,
+  ``TPU_CHIPS_PER_HOST_BOUNDS=2,2,1``, ``TPU_WORKER_ID=0``,
+  ``TPU_WORKER_HOSTNAMES=localhost``, plus ``TPU_ACCELERATOR_TYPE`` of one host
+  (``v5litepod-4``, ``v6e-4``, ``v4-8``, ``v5p-8``), ``TPU_TOPOLOGY`` (``2x2``;
+  ``2x2x1`` on v4/v5p), ``TPU_TOPOLOGY_WRAP=false,false,false`` and
+  ``TPU_TOPOLOGY_ALT=false``. libtpu itself is closed source, so these
+  published configurations are the evidence for what it reads.
 - The issue 7714 comment as stored writes the worker id variable as
-  ``WORKER_ID``; the name JAX reads is ``TPU_WORKER_ID``, which is what is set
-  here. ``TPU_VISIBLE_CHIPS`` is not set: one process owns all of its host's
-  chips.
-So the variables set are those five plus, to match, ``TPU_PROCESS_BOUNDS=1,1,1``,
-``TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1`` and ``TPU_ACCELERATOR_TYPE`` of one host
-(``v5litepod-4`` for a host of a ``v5litepod-16``; ``v4-8`` for one of a
-``v4-32``, since v2/v3/v4/v5p names count TensorCores, two per chip). This is
-not run on hardware; the checklist in README's TPU section says what to look
-at on the first real slice (each worker must report 4 local devices and
-``process_count() == 1``).
+  ``WORKER_ID``; the name JAX and the GKE plugin use is ``TPU_WORKER_ID``,
+  which is what is set here. ``TPU_VISIBLE_CHIPS`` is not set: one process
+  owns all of its host's chips.
+So the variables set are the GKE one-host set above (the topology ones only
+when the accelerator type is known) plus, to match, ``TPU_PROCESS_BOUNDS=1,1,1``
+and ``TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1`` (one process owning the host's 2x2
+chips, as in JAX's test_multiprocess.py). v2/v3/v4/v5p accelerator names count
+TensorCores, two per chip: a host of a ``v4-32`` is a ``v4-8``. This is not run
+on hardware; the checklist in README's TPU section says what to look at on the
+first real slice (``hosts --check``: each worker must report 4 local devices
+and ``process_count() == 1``).
 
 Pod-wide on a TPU VM always initialises ``jax.distributed``, even on one host
 (orbax's multi-process checkpointing needs it; MaxText does the same), with the
@@ -93,6 +103,8 @@ TPU_COORDINATOR_PORT = 8482  # the port JAX's TPU cluster detection uses for wor
 METADATA_TIMEOUT_SECONDS = 5.0
 # Families whose accelerator-type suffix counts TensorCores (two per chip), not chips.
 _CORE_COUNTED = ("v2", "v3", "v4", "v5p")
+# Families whose chips form a 3-D torus: one host's 4 chips are 2x2x1, elsewhere 2x2.
+_THREE_D = ("v4", "v5p")
 
 
 class HostError(ValueError):
@@ -253,7 +265,9 @@ def tpu_single_host_env(cluster: Cluster) -> dict[str, str]:
            "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0"}
     one_host = one_host_accelerator_type(cluster.accelerator_type)
     if one_host:
-        env["TPU_ACCELERATOR_TYPE"] = one_host
+        three_d = one_host.rsplit("-", 1)[0] in _THREE_D
+        env.update(TPU_ACCELERATOR_TYPE=one_host, TPU_TOPOLOGY="2x2x1" if three_d else "2x2",
+                   TPU_TOPOLOGY_WRAP="false,false,false", TPU_TOPOLOGY_ALT="false")
     return env
 
 

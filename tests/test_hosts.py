@@ -26,7 +26,8 @@ V5E_16 = {  # what the metadata server of worker 2 of a v5litepod-16 answers
 }
 ISOLATION = {"TPU_SKIP_MDS_QUERY": "1", "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
              "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1",
-             "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0", "TPU_ACCELERATOR_TYPE": "v5litepod-4"}
+             "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0", "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+             "TPU_TOPOLOGY": "2x2", "TPU_TOPOLOGY_WRAP": "false,false,false", "TPU_TOPOLOGY_ALT": "false"}
 
 
 @pytest.fixture
@@ -134,7 +135,8 @@ def test_single_host_tpu_vm_is_single_but_pod_wide_still_initialises():
 def test_gke_slurm_explicit_and_local():
     gke = hosts.decide({"TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3", "TPU_WORKER_ID": "3", "TPU_ACCELERATOR_TYPE": "v4-32"})
     assert (gke.mode, gke.shard, gke.cluster.kind) == ("host-parallel", (3, 4), "gke-tpu")
-    assert gke.env["TPU_ACCELERATOR_TYPE"] == "v4-8" and gke.env["TPU_WORKER_HOSTNAMES"] == "localhost"
+    assert (gke.env["TPU_ACCELERATOR_TYPE"], gke.env["TPU_TOPOLOGY"]) == ("v4-8", "2x2x1")
+    assert gke.env["TPU_WORKER_HOSTNAMES"] == "localhost"
     # After the update the host looks like a one-host job, to this module and to JAX's own detection.
     assert hosts.decide({"TPU_WORKER_ID": "3", **gke.env}, cluster=None).mode == "single"
     assert hosts.decide({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "1"}, pod_wide=True).distributed[
