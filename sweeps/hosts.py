@@ -220,7 +220,8 @@ def detect_cluster(environ, *, chips_attached=None) -> Cluster:
     """This process's cluster, from the environment and (on TPU VMs) the metadata server.
 
     Order: GKE TPU variables, an explicit JAX_* job, SLURM, then the
-    metadata server when ``GCE_METADATA_IP`` is set or TPU chips are attached.
+    metadata server when ``GCE_METADATA_IP`` is set or TPU chips are attached
+    (and ``TPU_SKIP_MDS_QUERY`` is not set).
     """
     gke_hosts = environ.get("TPU_PROCESS_ADDRESSES") or environ.get("TPU_WORKER_HOSTNAMES") or ""
     hosts = tuple(h.strip() for h in gke_hosts.split(",") if h.strip())
@@ -233,7 +234,9 @@ def detect_cluster(environ, *, chips_attached=None) -> Cluster:
     if int(environ.get("SLURM_NTASKS") or 1) > 1:
         return Cluster("slurm", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS"))
     attached = tpu_chips_attached() if chips_attached is None else chips_attached
-    if environ.get("GCE_METADATA_IP") or attached:
+    # Like JAX's GceTpuCluster: TPU_SKIP_MDS_QUERY means the topology is in the environment (GKE, or a
+    # host already confined to itself), not on the metadata server.
+    if (environ.get("GCE_METADATA_IP") or attached) and environ.get("TPU_SKIP_MDS_QUERY") is None:
         number = read_metadata(environ, "agent-worker-number")
         endpoints = read_metadata(environ, "worker-network-endpoints")
         if number is not None and endpoints:
