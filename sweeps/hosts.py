@@ -221,7 +221,7 @@ def detect_cluster(environ, *, chips_attached=None) -> Cluster:
 
     Order: GKE TPU variables, an explicit JAX_* job, SLURM, then the
     metadata server when ``GCE_METADATA_IP`` is set or TPU chips are attached
-    (and ``TPU_SKIP_MDS_QUERY`` is not set).
+    (unless chips are attached and ``TPU_SKIP_MDS_QUERY`` is set).
     """
     gke_hosts = environ.get("TPU_PROCESS_ADDRESSES") or environ.get("TPU_WORKER_HOSTNAMES") or ""
     hosts = tuple(h.strip() for h in gke_hosts.split(",") if h.strip())
@@ -234,9 +234,11 @@ def detect_cluster(environ, *, chips_attached=None) -> Cluster:
     if int(environ.get("SLURM_NTASKS") or 1) > 1:
         return Cluster("slurm", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS"))
     attached = tpu_chips_attached() if chips_attached is None else chips_attached
-    # Like JAX's GceTpuCluster: TPU_SKIP_MDS_QUERY means the topology is in the environment (GKE, or a
-    # host already confined to itself), not on the metadata server.
-    if (environ.get("GCE_METADATA_IP") or attached) and environ.get("TPU_SKIP_MDS_QUERY") is None:
+    # Like JAX's GceTpuCluster: on a machine with chips, TPU_SKIP_MDS_QUERY means the topology is in the
+    # environment (GKE, or a host already confined to itself). Without chips it says nothing: JAX's
+    # cloud_tpu_init sets it itself on import there.
+    confined = attached and environ.get("TPU_SKIP_MDS_QUERY") is not None
+    if (environ.get("GCE_METADATA_IP") or attached) and not confined:
         number = read_metadata(environ, "agent-worker-number")
         endpoints = read_metadata(environ, "worker-network-endpoints")
         if number is not None and endpoints:

@@ -100,8 +100,9 @@ def test_tpu_vm_worker_from_the_metadata_server(metadata_server):
     explicit = json.loads(hosts_cli("--shard", "1/3", "--json", env=env))  # --shard wins; isolation stays
     assert explicit["shard"] == [1, 3] and explicit["env"] == ISOLATION
 
-    # Once confined (the variables applied), the host is a one-host job to this module too.
-    assert json.loads(hosts_cli("--json", env={**env, **ISOLATION}))["mode"] == "single"
+    # Once confined (the variables applied), a host with chips is a one-host job to this module too.
+    assert hosts.detect_cluster({**env, **ISOLATION}, chips_attached=True).kind == "local"
+    assert hosts.detect_cluster(env, chips_attached=True).kind == "gce-tpu"
 
     text = hosts_cli(env=env)  # the readable form says the same
     assert "mode: host-parallel, share 2/4" in text and "env: TPU_SKIP_MDS_QUERY=1" in text
