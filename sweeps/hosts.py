@@ -38,7 +38,7 @@ Where the facts come from:
   two local CPU processes).
 
 Confining a host to its own chips (host-parallel on a multi-host TPU slice).
-The recipe given by a libtpu/PyTorch-XLA maintainer in pytorch/xla issue 7714
+The recipe given by a PyTorch/XLA maintainer in pytorch/xla issue 7714
 ("How to test on a subset of TPUs in a TPU Pod",
 https://github.com/pytorch/xla/issues/7714) is to describe a one-host "pod"
 entirely through environment variables: ``TPU_SKIP_MDS_QUERY=1`` (libtpu must
@@ -50,9 +50,10 @@ sources:
   returns False when ``TPU_SKIP_MDS_QUERY`` is set, so JAX will not try to
   join the other hosts either; ``GkeTpuCluster`` reads ``TPU_WORKER_HOSTNAMES``
   and ``TPU_WORKER_ID``, which this recipe sets to a one-host cluster.
-- jax/_src/cloud_tpu_init.py sets ``TPU_SKIP_MDS_QUERY=1`` itself when no chip
-  is attached: the variable's meaning (do not ask the metadata server) is
-  JAX's too.
+- jax/_src/cloud_tpu_init.py sets ``TPU_SKIP_MDS_QUERY=1`` itself, on import,
+  when no chip is attached: the variable's meaning (do not ask the metadata
+  server) is JAX's too, and on a machine without chips it tells nothing
+  (``detect_cluster`` only honours it where chips are attached).
 - jax/_src/test_multiprocess.py and JAX's ci/run_bazel_test_tpu.sh describe
   sub-host topologies with ``TPU_PROCESS_BOUNDS``,
   ``TPU_CHIPS_PER_PROCESS_BOUNDS``, ``TPU_HOST_BOUNDS``,
@@ -81,7 +82,8 @@ first real slice (``hosts --check``: each worker must report 4 local devices
 and ``process_count() == 1``).
 
 Pod-wide on a TPU VM always initialises ``jax.distributed``, even on one host
-(orbax's multi-process checkpointing needs it; MaxText does the same), with the
+(harmless with one process; with several, orbax's asynchronous checkpointing
+fails without it; MaxText also initialises it unconditionally on TPU), with the
 coordinator on worker 0's endpoint at JAX's port 8482 (``coordinator_port`` in
 cloud_tpu_cluster.py), ``num_processes`` = the number of endpoints and
 ``process_id`` = this host's worker number. Multislice jobs (``MEGASCALE_*``)
