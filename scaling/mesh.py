@@ -79,10 +79,11 @@ def make_mesh(config: MeshConfig, devices=None) -> Mesh:
         grid = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
     except Exception as error:  # noqa: BLE001 - a plain reshape would silently give a slow device order
         kinds = sorted({getattr(d, "device_kind", d.platform) for d in devices})
+        reason = (str(error).strip().splitlines() or [""])[0][:160]
         raise ValueError(f"mesh data×fsdp×tensor = {'×'.join(map(str, shape))} cannot be laid out on the "
                          f"{len(devices)} {'/'.join(kinds)} devices of this topology "
-                         f"({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}); "
-                         "choose mesh sizes that fit the slice, e.g. mesh.data=-1") from None
+                         f"({type(error).__name__}: {reason}); choose mesh sizes that fit the slice, "
+                         "e.g. mesh.data=-1") from None
     return Mesh(grid, AXES)
 
 

@@ -238,3 +238,16 @@ def test_make_mesh_fails_loudly_when_the_topology_does_not_fit(monkeypatch):
     monkeypatch.setattr(mesh_utils, "create_device_mesh", refuse)
     with pytest.raises(ValueError, match=r"mesh data×fsdp×tensor = 2×1×4 cannot be laid out on the 8 TPU v5 lite"):
         mesh_lib.make_mesh(MeshConfig(data=2, fsdp=1, tensor=4), devices=[FakeTpu(i) for i in range(8)])
+
+
+def test_make_mesh_refuses_a_layout_the_tpu_topology_cannot_take():
+    # Real TPU device descriptions from libtpu (ahead of time, no TPU): 6 chips of a v5e 4x4 slice cannot
+    # form a 2x3 grid of neighbours; a 4x4 slice takes a 4x4 mesh.
+    pytest.importorskip("libtpu", reason='needs libtpu: pip install -e ".[tpu]" (CI installs it)')
+    from sweeps import preflight
+
+    devices = preflight.topology_devices(preflight.parse_topology("v5e:4x4"))
+    assert dict(mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=4), devices).shape) == {
+        "data": 4, "fsdp": 1, "tensor": 4}
+    with pytest.raises(ValueError, match=r"2×1×3 cannot be laid out on the 6 TPU v5 lite devices"):
+        mesh_lib.make_mesh(MeshConfig(data=2, fsdp=1, tensor=3), devices[:6])

@@ -491,7 +491,8 @@ def test_launch_pod_wide_is_one_command_without_shard_and_shard_is_refused():
     assert [flag(a, "--command").split("--shard ")[1].split(";")[0] for a in argv_list] == ["0/4", "1/4", "2/4", "3/4"]
     refused = run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--dry-run", "--", "--shard", "0/2")
     assert refused.returncode == 2 and "tpu/group" in refused.stderr
-    both = run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--group-shard", "0/2", "--dry-run", "--", "--pod-wide")
+    both = run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--group-shard", "0/2", "--dry-run", "--",
+               "--pod-wide")
     assert both.returncode == 2 and "--pod-wide" in both.stderr
 
 
