@@ -41,8 +41,9 @@ Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision)
   (Tested with a stub metadata server; not run on hardware.)
 - ``--pod-wide``: ``jax.distributed`` spans every host (always initialised on
   TPU, coordinator on worker 0) and all hosts train every run together, in
-  the order process 0 decides; only process 0 prints. A run that fails on
-  only some hosts leaves the others waiting in a collective.
+  the order process 0 decides; only process 0 prints. SIGTERM on any host
+  stops every host at the same step (or after the same run). A run that
+  fails on only some hosts leaves the others waiting in a collective.
 """
 
 from __future__ import annotations
@@ -461,7 +462,7 @@ def cmd_run(sweep: Sweep, args) -> int:
                 say(f"{run.name}: {result.status}, eval loss {_fmt(result.final_eval_loss, '.4f')}, "
                     f"{result.steps} steps in {_fmt(result.wall_seconds, '.0f')} s")
             bar.update(1)
-            if stop["requested"]:
+            if _any_process(stop["requested"]):  # all stop together, or the others would wait in the next run
                 say(f"stopping after {run.name}: SIGTERM received; rerun the same command to resume")
                 return train.PREEMPTED_EXIT_CODE
     finally:
@@ -479,6 +480,18 @@ def cmd_run(sweep: Sweep, args) -> int:
         if args.pod_wide or first_share:
             _log_sweep_to_wandb(sweep, all_states, sweep_dir)
     return 1 if any(s.status == "failed" for s in mine_now) else 0
+
+
+def _any_process(flag: bool) -> bool:
+    """True on every process if ``flag`` is true on any (one allgather per call when there are several)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return flag
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
