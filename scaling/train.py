@@ -412,10 +412,12 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
                 eval_loss = evaluate(program, state["params"], validation, config.batch_size)
                 tracker.log(done, {"eval_loss": eval_loss})
             _check_stop(stop_requested)
-            if done % config.checkpoint_every == 0 and done != config.steps:
+            saved = done % config.checkpoint_every == 0 and done != config.steps
+            if saved:
                 save(done)
             if stop_check.due(done) and stop_check.agree(stop_requested["flag"], done):
-                save(done, force=True)
+                if not saved:  # a second save of the same step would fail
+                    save(done, force=True)
                 checkpoints.finish()
                 tracker.close(exit_code=PREEMPTED_EXIT_CODE)
                 raise Preempted(f"stopped by SIGTERM after step {done}; checkpoint saved")

@@ -9,6 +9,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -98,6 +99,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_pair(tmp_path, sweep_file, workdirs) -> list:
+    """Two launcher processes, ``run --pod-wide``, as one JAX job on 2 × 4 CPU devices (gloo)."""
+    port, processes = free_port(), []
+    for index, workdir in enumerate(workdirs):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "GCE_METADATA"))}
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
+                   POD_TEST_REPORT=str(tmp_path / f"report{index}.json"), PYTHONPATH=str(REPO),
+                   WANDB_MODE="disabled")
+        processes.append(subprocess.Popen(
+            [sys.executable, str(tmp_path / "driver.py"), "run", str(sweep_file), "--workdir", str(workdir),
+             "--pod-wide"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return processes
+
+
+def finish(processes, timeout=400) -> list[str]:
+    try:
+        return [process.communicate(timeout=timeout)[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+
+
 @pytest.mark.slow
 def test_two_processes_pod_wide_train_the_same_runs_despite_a_stale_record(tmp_path):
     sweep_file = tmp_path / "pod.py"
@@ -123,24 +148,9 @@ def test_two_processes_pod_wide_train_the_same_runs_despite_a_stale_record(tmp_p
                               final_eval_loss=9.5)
     records.write_record(view / "pod" / stale_run.run_id, stale)
 
-    port = free_port()
-    processes = []
     started = time.perf_counter()
-    for index, workdir in enumerate((shared, view)):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "GCE_METADATA"))}
-        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
-                   POD_TEST_REPORT=str(tmp_path / f"report{index}.json"), PYTHONPATH=str(REPO),
-                   WANDB_MODE="disabled")
-        processes.append(subprocess.Popen(
-            [sys.executable, str(tmp_path / "driver.py"), "run", str(sweep_file), "--workdir", str(workdir),
-             "--pod-wide"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [process.communicate(timeout=400)[0] for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
+    processes = start_pair(tmp_path, sweep_file, (shared, view))
+    outputs = finish(processes)
     print(f"two-process pod-wide sweep: {time.perf_counter() - started:.1f} s")
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output[-3000:]
@@ -173,6 +183,31 @@ def test_two_processes_pod_wide_train_the_same_runs_despite_a_stale_record(tmp_p
     assert reports[0]["checked_steps"] == reports[1]["checked_steps"]
     print("stop checks at steps (both runs):", reports[0]["checked_steps"],
           "; loop transfers:", reports[0]["loop_transfers"])
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
+    sweep_file = tmp_path / "pod.py"
+    sweep_file.write_text(SWEEP.replace("steps=12", "steps=400").replace('widths={1: (16, 32)}', 'widths={1: (16,)}'))
+    (tmp_path / "driver.py").write_text(DRIVER)
+    [run] = spec.load_sweep(sweep_file).expand().runs
+    checkpoints = tmp_path / "runs" / "pod" / run.run_id / "checkpoints"
+    processes = start_pair(tmp_path, sweep_file, (tmp_path / "runs", tmp_path / "runs"))
+    deadline = time.time() + 300
+    while not (checkpoints / "8").exists():  # well inside the loop
+        assert time.time() < deadline and all(p.poll() is None for p in processes), "no checkpoint appeared"
+        time.sleep(0.2)
+    processes[1].send_signal(signal.SIGTERM)  # only process 1 hears it, as when one host is preempted
+    outputs = finish(processes, timeout=300)
+    assert [p.returncode for p in processes] == [train.PREEMPTED_EXIT_CODE] * 2, outputs[0][-2000:] + outputs[1][-2000:]
+    reports = [json.loads((tmp_path / f"report{i}.json").read_text()) for i in range(2)]
+    assert reports[0]["checked_steps"] == reports[1]["checked_steps"]  # the same check steps on both
+    stopped_at = reports[0]["checked_steps"][-1]
+    assert f"stopped by SIGTERM after step {stopped_at}; checkpoint saved" in outputs[0]
+    saved = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    assert saved == stopped_at < 400
+    assert sorted(p.name for p in (checkpoints / str(saved) / "state").glob("ocdbt.process_*")) == [
+        "ocdbt.process_0", "ocdbt.process_1"]
 
 
 class _FakeClock:
