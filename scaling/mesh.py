@@ -27,13 +27,15 @@ AXES = ("data", "fsdp", "tensor")
 
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
-    """Start multi-host JAX when this process is one of several.
+                           process_id: int | None = None, *, auto: bool = False) -> None:
+    """Start multi-process JAX as the caller decided; idempotent.
 
-    With explicit arguments (local tests, custom clusters) they are passed to
-    ``jax.distributed.initialize``. Without them, JAX detects TPU pods and
-    SLURM by itself; we only call it when such an environment is visible, so
-    a laptop run never waits for a coordinator. Idempotent.
+    With ``coordinator_address`` (host:port), ``num_processes`` and
+    ``process_id`` they go to ``jax.distributed.initialize`` (gloo carries the
+    collectives when the platform is the CPU). With ``auto=True`` JAX finds
+    the cluster itself (SLURM, TPU). With neither, nothing happens: whether a
+    process belongs to a multi-host job is decided by the caller (the sweep
+    launcher's ``sweeps.hosts``), never guessed here.
     """
     if jax.distributed.is_initialized():
         return
@@ -43,12 +45,7 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                    process_id=process_id)
-        return
-    cluster_markers = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
-                       "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS")
-    multi_host_tpu = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    slurm_multi = int(os.environ.get("SLURM_NTASKS", "1")) > 1
-    if multi_host_tpu or slurm_multi or any(m in os.environ for m in cluster_markers[3:]):
+    elif auto:
         jax.distributed.initialize()
 
 
@@ -74,12 +71,19 @@ def make_mesh(config: MeshConfig, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_shape(config, len(devices))
     shape = tuple(sizes[axis] for axis in AXES)
-    try:
-        from jax.experimental import mesh_utils
+    if devices[0].platform == "cpu":  # CPU devices have no physical topology to respect
+        return Mesh(np.asarray(devices).reshape(shape), AXES)
+    from jax.experimental import mesh_utils
 
+    try:
         grid = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
-    except Exception:  # noqa: BLE001 - CPU and odd device sets have no physical topology to respect
-        grid = np.asarray(devices).reshape(shape)
+    except Exception as error:  # noqa: BLE001 - a plain reshape would silently give a slow device order
+        kinds = sorted({getattr(d, "device_kind", d.platform) for d in devices})
+        reason = (str(error).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"mesh data×fsdp×tensor = {'×'.join(map(str, shape))} cannot be laid out on the "
+                         f"{len(devices)} {'/'.join(kinds)} devices of this topology "
+                         f"({type(error).__name__}: {reason}); choose mesh sizes that fit the slice, "
+                         "e.g. mesh.data=-1") from None
     return Mesh(grid, AXES)
 
 

@@ -253,7 +253,16 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         except records.RecordError as error:
             print(f"warning: {error}; training the run again (resuming from its checkpoints)", file=sys.stderr)
             previous = None
-        if previous is not None and previous.status == "finished":
+        finished = previous is not None and previous.status == "finished"
+        if jax.process_count() > 1:  # hosts may see the record at different times; process 0's view counts
+            from jax.experimental import multihost_utils
+
+            agreed = bool(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(finished))))
+            if agreed and not finished:
+                raise RuntimeError(f"process 0 reports run {run_dir.name} finished, but this host cannot read "
+                                   "its result.json yet")
+            finished = agreed
+        if finished:
             return previous
         # Listen for SIGTERM from the start: a preemption during data loading or
         # compilation must stop the run too, not only one arriving mid-training.
@@ -374,7 +383,8 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
         meta["wall_seconds"] = earlier_seconds + time.perf_counter() - started
         checkpoints.save(step, state, meta, force=force)
 
-    if _agree(stop_requested["flag"]):  # SIGTERM while loading or compiling: nothing new to save
+    stop_check = StopCheck(start_step)
+    if stop_check.agree(stop_requested["flag"], start_step):  # SIGTERM while loading or compiling
         tracker.close(exit_code=PREEMPTED_EXIT_CODE)
         raise Preempted(f"stopped by SIGTERM before training resumed at step {start_step}")
 
@@ -414,10 +424,11 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
                 eval_loss = evaluate(program, state["params"], validation, config.batch_size)
                 tracker.log(done, {"eval_loss": eval_loss})
             _check_stop(stop_requested)
-            if done % config.checkpoint_every == 0 and done != config.steps:
+            saved = done % config.checkpoint_every == 0 and done != config.steps
+            if saved:
                 save(done)
-            if _agree(stop_requested["flag"]):
-                if done not in checkpoints.steps():  # a checkpoint step is saved already
+            if stop_check.due(done) and stop_check.agree(stop_requested["flag"], done):
+                if not saved:  # a second save of the same step would fail
                     save(done, force=True)
                 checkpoints.finish()
                 tracker.close(exit_code=PREEMPTED_EXIT_CODE)
@@ -444,13 +455,55 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     return record, state
 
 
-def _agree(flag: bool) -> bool:
-    """True on every process if any process saw SIGTERM, so all of them save the same step."""
-    if jax.process_count() == 1:
-        return flag
-    from jax.experimental import multihost_utils
+class StopCheck:
+    """Whether to stop for SIGTERM, agreed by all processes at steps they all know in advance.
 
-    return bool(np.any(multihost_utils.process_allgather(np.array([flag]))))
+    One process: the local flag, read on every step, costs nothing. Several
+    processes (pod-wide): they must save the same step, so they share their
+    flags with one ``process_allgather``; that is a host round trip which
+    drains the dispatch queue, so it happens only on *check steps*, never on
+    the steps between. Each check also agrees on the next check step: every
+    process proposes as many steps as fit in ``CHECK_SECONDS`` at the speed
+    it measured since the last check, and all take the smallest proposal,
+    so checks come every few seconds whatever the model size, well inside
+    the short notice a preempted spot VM gets (about 30 s on GCE).
+
+    JAX's own ``multihost_utils.reached_preemption_sync_point`` (which orbax's
+    ``reached_preemption`` wraps) would make the check free on every step,
+    but its SIGTERM listener (tsl/distributed_runtime/preemption/
+    preemption_notifier.cc, a C ``std::signal`` handler) is replaced by the
+    Python SIGTERM handler that ``run`` and the sweep launcher install, so it
+    would never hear the signal; and it wants every call, from the same
+    first step, to be made by every process.
+    """
+
+    CHECK_SECONDS = 5.0
+    MAX_INTERVAL = 1000  # steps
+
+    def __init__(self, start_step: int):
+        self.next_step = start_step
+        self._last_step, self._last_time = start_step, time.perf_counter()
+
+    def due(self, step: int) -> bool:
+        """True when ``step`` is a check step (always with one process)."""
+        return jax.process_count() == 1 or step >= self.next_step
+
+    def agree(self, flag: bool, step: int) -> bool:
+        """True on every process if any process saw SIGTERM; with several processes, call only when ``due``."""
+        if jax.process_count() == 1:
+            return flag
+        from jax.experimental import multihost_utils
+
+        now = time.perf_counter()
+        proposal = 1  # nothing measured yet
+        if step > self._last_step:
+            seconds_per_step = max((now - self._last_time) / (step - self._last_step), 1e-6)
+            proposal = int(min(max(self.CHECK_SECONDS / seconds_per_step, 1), self.MAX_INTERVAL))
+        shared = np.asarray(multihost_utils.process_allgather(np.array([int(flag), proposal], np.int32)))
+        shared = shared.reshape(-1, 2)
+        self.next_step = step + int(shared[:, 1].min())
+        self._last_step, self._last_time = step, now
+        return bool(shared[:, 0].any())
 
 
 # ---------------------------------------------------------------------------
@@ -486,7 +539,8 @@ def main(argv=None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. model.depth=4 or optim.lr_rule=mup (repeatable)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--coordinator", help="multi-process start-up: coordinator host:port (auto on TPU/SLURM)")
+    parser.add_argument("--coordinator", help="multi-process start-up: coordinator host:port (on a pod, use "
+                                              "python -m sweeps.launch run --pod-wide, which finds it)")
     parser.add_argument("--num-processes", type=int, help="with --coordinator: total number of processes")
     parser.add_argument("--process-id", type=int, help="with --coordinator: this process's index")
     args = parser.parse_args(argv)

@@ -5,6 +5,7 @@
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--json]
+    python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
 
 Every command takes ``--set key=value`` (repeatable), applied to the sweep's
 base config before the grid is expanded, e.g. ``--set steps=100``.
@@ -25,22 +26,23 @@ start ``jax.distributed`` once for the whole sweep. The price: a hard crash
 of the process (host out of memory, a segfault) stops the sweep; rerunning
 resumes from the crashed run's last checkpoint.
 
-Using many hosts:
+Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision):
 - ``--shard I/N`` trains share I of N (disjoint, balanced by rough cost).
 - Host-parallel (default on a multi-host TPU slice or a SLURM job): each host
-  takes the share given by its index (``TPU_WORKER_ID`` of
-  ``TPU_WORKER_HOSTNAMES``, or ``SLURM_PROCID`` of ``SLURM_NTASKS``) and trains
-  it on its own devices, without ``jax.distributed``. On TPU the launcher
-  first makes the host its own one-host slice by setting, before JAX starts,
-  ``TPU_PROCESS_BOUNDS=1,1,1``, ``TPU_HOST_BOUNDS=1,1,1``,
-  ``TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1`` and ``TPU_VISIBLE_CHIPS=0,1,2,3``
-  (hosts of multi-host v2-v6e slices have 4 chips) and
-  ``TPU_WORKER_HOSTNAMES=localhost``, ``TPU_WORKER_ID=0``; variables you set
-  yourself are kept. Under SLURM with several tasks per node, each task keeps
-  its own slice of the node's ``CUDA_VISIBLE_DEVICES``. (Only the mapping from
-  environment to share is tested; there is no TPU here.)
-- ``--pod-wide``: ``jax.distributed`` spans every host and all hosts train
-  every run together, in the same order; only process 0 prints. A run that
+  takes the share given by its index (the GCE metadata server's
+  ``agent-worker-number`` of ``worker-network-endpoints`` on a Cloud TPU VM,
+  ``TPU_WORKER_ID`` of ``TPU_WORKER_HOSTNAMES`` on GKE, ``SLURM_PROCID`` of
+  ``SLURM_NTASKS``) and trains it on its own devices, without
+  ``jax.distributed``. ``tpu/launch`` also passes ``--shard I/N`` explicitly.
+  On TPU the launcher first makes the host a one-host slice of its own 4
+  chips by setting the libtpu topology variables before JAX starts (listed,
+  with their sources, in ``sweeps/hosts.py``). Under SLURM with several tasks
+  per node, each task keeps its own slice of the node's ``CUDA_VISIBLE_DEVICES``.
+  (Tested with a stub metadata server; not run on hardware.)
+- ``--pod-wide``: ``jax.distributed`` spans every host (always initialised on
+  TPU, coordinator on worker 0) and all hosts train every run together, in
+  the order process 0 decides; only process 0 prints. SIGTERM on any host
+  stops every host at the same step (or after the same run). A run that
   fails on only some hosts leaves the others waiting in a collective.
 """
 
@@ -56,6 +58,7 @@ import re
 import signal
 import sys
 
+from sweeps import hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
 
@@ -274,7 +277,8 @@ def _my_share(args, allow_env: bool) -> tuple[int, int] | None:
     """(index, count) of this process's share: --shard, else the host's place in a multi-host job."""
     if args.shard is not None or not allow_env or getattr(args, "pod_wide", False):
         return args.shard
-    return spec_lib.host_shard(os.environ)
+    plan = hosts.decide(os.environ)
+    return plan.shard if plan.mode == "host-parallel" else None
 
 
 def _my_runs(runs: list[RunSpec], share, args) -> tuple[list[RunSpec], str]:
@@ -391,15 +395,10 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
 
 def cmd_run(sweep: Sweep, args) -> int:
     runs, skipped = sweep.expand()
-    if args.pod_wide:
-        if args.shard is not None:
-            raise LauncherError("--pod-wide trains every run on all hosts together; it cannot take --shard")
-        from scaling import mesh as mesh_lib
-
-        mesh_lib.initialize_distributed()
-    share = _my_share(args, allow_env=True)  # read the host's index before the next line hides it
-    if not args.pod_wide:
-        os.environ.update(spec_lib.host_parallel_env(os.environ))  # before JAX starts its backend
+    plan = hosts.decide(os.environ, pod_wide=args.pod_wide, shard=args.shard)
+    hosts.apply(plan)  # before JAX starts its backend
+    hosts.initialize(plan)
+    share = plan.shard if plan.mode == "host-parallel" else None
     mine, which = _my_runs(runs, share, args)
 
     from scaling import train
@@ -425,6 +424,8 @@ def cmd_run(sweep: Sweep, args) -> int:
 
     states = read_states(mine, args.workdir)
     todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
+    if jax.process_count() > 1:  # hosts may read the work directory differently; process 0's reading counts
+        todo = agree_on_runs(sweep, states, todo)
     say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {_counts_line(states)}")
     for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
         say(line)
@@ -463,7 +464,7 @@ def cmd_run(sweep: Sweep, args) -> int:
                 say(f"{run.name}: {result.status}, eval loss {_fmt(result.final_eval_loss, '.4f')}, "
                     f"{result.steps} steps in {_fmt(result.wall_seconds, '.0f')} s")
             bar.update(1)
-            if stop["requested"]:
+            if _any_process(stop["requested"]):  # all stop together, or the others would wait in the next run
                 say(f"stopping after {run.name}: SIGTERM received; rerun the same command to resume")
                 return train.PREEMPTED_EXIT_CODE
     finally:
@@ -481,6 +482,64 @@ def cmd_run(sweep: Sweep, args) -> int:
         if args.pod_wide or first_share:
             _log_sweep_to_wandb(sweep, all_states, sweep_dir)
     return 1 if not_trained or any(s.status == "failed" for s in mine_now) else 0
+
+
+def _any_process(flag: bool) -> bool:
+    """True on every process if ``flag`` is true on any (one allgather per call when there are several)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return flag
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+
+
+def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
+    """Process 0's list of runs to train, in its order, on every process of a multi-process job.
+
+    Each host reads run records from the shared work directory itself, and a
+    host may see a ``result.json`` that another does not yet; if they then
+    trained different runs, they would wait for each other forever in the
+    first collective. Every process must also have expanded the same sweep
+    (same code, sweep file and ``--set``); otherwise all of them stop here.
+    """
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    digest = np.int32(int(sweep.digest()[:7], 16))
+    if len(set(np.asarray(multihost_utils.process_allgather(digest)).ravel().tolist())) != 1:
+        raise LauncherError("the processes expanded different sweeps (sweep file, --set or code differ); "
+                            "run the same commit and command on every host")
+    position = {state.spec.run_id: i for i, state in enumerate(states)}
+    chosen = np.full(len(states) + 1, -1, np.int32)
+    chosen[0] = len(todo)
+    chosen[1:1 + len(todo)] = [position[state.spec.run_id] for state in todo]
+    agreed = np.asarray(multihost_utils.broadcast_one_to_all(chosen))
+    return [states[int(i)] for i in agreed[1:1 + int(agreed[0])]]
+
+
+def cmd_hosts(args) -> int:
+    """Print this process's mode, share, environment and jax.distributed settings (``--check``: and start JAX)."""
+    plan = hosts.decide(os.environ, pod_wide=args.pod_wide, shard=args.shard)
+    if args.check:
+        import socket
+
+        facts, problems = hosts.check(plan)
+        if args.json:
+            print(json.dumps({**plan.to_dict(), "check": facts, "problems": problems}, indent=2, sort_keys=True))
+        else:
+            print(f"{socket.gethostname()}: mode {plan.mode}, shard {plan.shard[0]}/{plan.shard[1]}, process "
+                  f"{facts['process_index']} of {facts['process_count']}, {facts['device_count']} "
+                  f"{facts['platform']} devices ({facts['local_device_count']} local)"
+                  + "".join(f"\n  PROBLEM: {p}" for p in problems))
+        return 1 if problems else 0
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(plan.describe())
+    return 0
 
 
 def cmd_preflight(sweep: Sweep, args) -> int:
@@ -516,6 +575,11 @@ COMMANDS = {
 }
 
 
+HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP overrides its address), "
+                "TPU_WORKER_HOSTNAMES/TPU_WORKER_ID on GKE, SLURM_* under SLURM, and "
+                "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID otherwise; see sweeps/hosts.py.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m sweeps.launch`` argument parser."""
     parser = _Parser(prog="python -m sweeps.launch", description=__doc__,
@@ -542,6 +606,16 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "preflight":
             sub.add_argument("--topology", required=True,
                              help="TPU topology to compile for, e.g. v5e:4x4 (16 chips)")
+    hosts_help = "where this process runs: mode, share, TPU/GPU variables, jax.distributed (JAX not started)"
+    sub = commands.add_parser("hosts", help=hosts_help, description=hosts_help + ". " + HOSTS_EPILOG)
+    sub.set_defaults(function=cmd_hosts)
+    sub.add_argument("--pod-wide", action="store_true", help="decide for pod-wide mode (all hosts train every run)")
+    sub.add_argument("--shard", type=_shard_arg, metavar="I/N", help="an explicit share, as given to run")
+    sub.add_argument("--json", action="store_true",
+                     help='print {"mode", "shard": [i, n], "env", "distributed", "cluster"} as JSON')
+    sub.add_argument("--check", action="store_true",
+                     help="also start JAX as `run` would and print device_count, process_count and the share; "
+                          "exit 1 if they contradict the mode (run it on every worker before the sweep)")
     return parser
 
 
@@ -560,6 +634,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "hosts":
+            return args.function(args)
         args.workdir = _resolve_workdir(args.workdir)
         sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
         return args.function(sweep, args)

@@ -21,9 +21,8 @@ multiple of ``multiple_of``). A budget too small for a depth, or one that
 rounds to a width an earlier budget already gave, is listed in
 ``Expansion.skipped`` rather than raised.
 
-Many hosts split a sweep with ``shard``; ``host_shard`` reads a host's share
-from a TPU slice's or SLURM job's environment, and ``host_parallel_env`` gives
-the variables that confine each host's JAX to its own devices.
+Many hosts split a sweep with ``shard``; which share a host takes, and how
+its JAX is confined to its own devices, is decided in ``sweeps.hosts``.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ from scaling.config import TrainConfig, config_id, override, to_dict
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Fields the grid sets on every run; --set may not change them.
 GRID_FIELDS = ("model.depth", "model.width", "seed", "name", "sweep_name")
-TPU_CHIPS_PER_HOST = 4  # every host of a multi-host v2, v3, v4, v5e, v5p or v6e slice
 
 
 class SweepFileError(ValueError):
@@ -313,48 +311,6 @@ def shard(runs: list[RunSpec], index: int, count: int) -> list[RunSpec]:
         if target == index:
             mine.add(run.run_id)
     return [run for run in runs if run.run_id in mine]
-
-
-def host_shard(environ) -> tuple[int, int] | None:
-    """(host index, host count) of a multi-host TPU slice or SLURM job, or None on one host."""
-    hosts = [h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
-    try:
-        if len(hosts) > 1:
-            return int(environ["TPU_WORKER_ID"]), len(hosts)
-        tasks = int(environ.get("SLURM_NTASKS") or 1)
-        if tasks > 1:
-            return int(environ["SLURM_PROCID"]), tasks
-    except (KeyError, ValueError) as error:
-        raise ValueError(f"cannot tell this host's index from the environment ({error!r} missing or not "
-                         "an integer); pass --shard I/N") from None
-    return None
-
-
-def _tasks_per_node(environ) -> int:
-    text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or "1"
-    match = re.match(r"\d+", text)  # SLURM_TASKS_PER_NODE looks like "8(x2)"
-    return int(match.group()) if match else 1
-
-
-def host_parallel_env(environ) -> dict[str, str]:
-    """Environment changes that make this host a single-process JAX job on only its own devices.
-
-    Must be applied before JAX starts its backend.
-    """
-    updates = {}
-    if "," in environ.get("TPU_WORKER_HOSTNAMES", "") and "TPU_PROCESS_BOUNDS" not in environ:
-        chips = ",".join(str(i) for i in range(TPU_CHIPS_PER_HOST))
-        updates.update(TPU_PROCESS_BOUNDS="1,1,1", TPU_HOST_BOUNDS="1,1,1",
-                       TPU_CHIPS_PER_PROCESS_BOUNDS=environ.get("TPU_CHIPS_PER_PROCESS_BOUNDS", "2,2,1"),
-                       TPU_VISIBLE_CHIPS=environ.get("TPU_VISIBLE_CHIPS", chips),
-                       TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
-    gpus = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-    per_node = _tasks_per_node(environ)
-    if int(environ.get("SLURM_NTASKS") or 1) > 1 and per_node > 1 and gpus and len(gpus) % per_node == 0:
-        share = len(gpus) // per_node
-        local = int(environ.get("SLURM_LOCALID", "0"))
-        updates["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[local * share:(local + 1) * share])
-    return updates
 
 
 def load_sweep(path) -> Sweep:

@@ -322,31 +322,6 @@ def test_shard_flag_selects_the_same_share(tmp_path, capsys):
 # Hosts
 
 
-def test_host_share_comes_from_the_environment():
-    tpu = {"TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3", "TPU_WORKER_ID": "2"}
-    assert spec.host_shard(tpu) == (2, 4)
-    assert spec.host_shard({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "9"}) == (5, 16)
-    assert spec.host_shard({"TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0"}) is None
-    assert spec.host_shard({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None
-    assert spec.host_shard({}) is None
-    with pytest.raises(ValueError, match="--shard"):
-        spec.host_shard({"TPU_WORKER_HOSTNAMES": "h0,h1"})
-
-
-def test_host_parallel_env_makes_each_host_its_own_slice():
-    env = spec.host_parallel_env({"TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3", "TPU_WORKER_ID": "2"})
-    assert env == {"TPU_PROCESS_BOUNDS": "1,1,1", "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1",
-                   "TPU_VISIBLE_CHIPS": "0,1,2,3", "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0"}
-    # After the update the host looks single-host to the launcher and to JAX's own detection.
-    assert spec.host_shard({"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3", **env}) is None
-    assert spec.host_parallel_env({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_PROCESS_BOUNDS": "1,1,1"}) == {}
-    assert spec.host_parallel_env({}) == {}
-    slurm = {"SLURM_NTASKS": "16", "SLURM_PROCID": "11", "SLURM_LOCALID": "3", "SLURM_TASKS_PER_NODE": "8(x2)",
-             "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
-    assert spec.host_parallel_env(slurm) == {"CUDA_VISIBLE_DEVICES": "3"}
-    assert spec.host_parallel_env({**slurm, "CUDA_VISIBLE_DEVICES": "5"}) == {}  # SLURM already gave one GPU
-
-
 def test_dry_run_takes_the_host_share_and_list_shows_all(tmp_path, capsys, monkeypatch):
     sweep_file = write_sweep(tmp_path, "hosts", "depths=(1, 2), budgets=(3e4, 1e5), seeds=(0, 1)")
     runs = spec.load_sweep(sweep_file).expand().runs

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ["create", "setup", "launch", "status", "teardown", "relaunch"]
+SCRIPTS = ["create", "setup", "launch", "status", "teardown", "relaunch", "group"]
 SLICE = ["--name", "my-tpu", "--zone", "us-west4-a", "--project", "my-proj"]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SWEEP = "sweeps/configs/tiny.py"
@@ -200,10 +200,12 @@ def test_relaunch_dry_run_prints_one_recovery_cycle():
                              "--repo-url", "https://example.com/r.git", "--dry-run"))
     verbs = [argv[3:5] for argv in argv_list]
     assert verbs == [["tpu-vm", "describe"], ["tpu-vm", "delete"], ["tpu-vm", "create"],
-                     ["tpu-vm", "ssh"], ["tpu-vm", "ssh"], ["tpu-vm", "ssh"]]
+                     ["tpu-vm", "ssh"], ["tpu-vm", "describe"], ["tpu-vm", "ssh"], ["tpu-vm", "ssh"]]
     assert "--spot" in argv_list[2]
-    ssh = [assert_ssh_all(argv) for argv in argv_list[3:]]
-    assert COMMIT in ssh[0] and COMMIT in ssh[1]
+    assert flag(argv_list[4], "--format") == "value(networkEndpoints[].ipAddress)"  # how many workers to launch
+    setup, launch, states = argv_list[3], argv_list[5], argv_list[6]
+    assert COMMIT in assert_ssh_all(setup) and "--worker=0" in launch and "--shard 0/1" in flag(launch, "--command")
+    assert "WORKER_STATE" in assert_ssh_all(states)
 
 
 # --- real-run path against a fake gcloud and fake workers ---------------------
@@ -217,7 +219,9 @@ with open(cloud / "calls.jsonl", "a") as f:
     f.write(json.dumps(args) + "\n")
 resource, verb = args[2], args[3]
 state_file = cloud / "state"
-if verb == "describe":
+if verb == "describe" and "--format=value(networkEndpoints[].ipAddress)" in args:
+    print(";".join(f"10.0.0.{i}" for i, _ in enumerate((cloud / "workers").iterdir())))
+elif verb == "describe":
     state = state_file.read_text().strip()
     if state == "MISSING":
         sys.exit(print("ERROR: (gcloud) NOT_FOUND: resource not found", file=sys.stderr) or 1)
@@ -252,7 +256,13 @@ FAKE_BIN = {
 FAKE_PYTHON = r'''#!/usr/bin/env bash
 echo "$*" >> "$HOME/python_calls"
 case "$*" in
-  *"sweeps.launch run"*) echo "fake launcher on $FAKE_HOST, WANDB_MODE=${WANDB_MODE:-unset}"; sleep "${FAKE_LAUNCH_SECONDS:-0}"; exit "${FAKE_LAUNCH_EXIT:-0}" ;;
+  *"sweeps.launch run"*)
+    echo "fake launcher on $FAKE_HOST, WANDB_MODE=${WANDB_MODE:-unset}"; sleep "${FAKE_LAUNCH_SECONDS:-0}"
+    # The first launch on a worker may exit differently (e.g. 75: preempted), later ones as FAKE_LAUNCH_EXIT.
+    if [ -n "${FAKE_FIRST_LAUNCH_EXIT:-}" ] && [ ! -f "$HOME/launched_once" ]; then
+      touch "$HOME/launched_once"; exit "$FAKE_FIRST_LAUNCH_EXIT"
+    fi
+    exit "${FAKE_LAUNCH_EXIT:-0}" ;;
   *"sweeps.launch status"*) echo '[{"status": "finished"}, {"status": "finished"}, {"status": "pending"}]' ;;
 esac
 '''
@@ -445,6 +455,85 @@ def test_relaunch_stops_when_the_launcher_fails(cloud):
     assert "failed on: w0 w1" in result.stderr
 
 
+def launcher_calls(cloud, worker):
+    return [line for line in (cloud.home(worker) / "python_calls").read_text().splitlines()
+            if "sweeps.launch run" in line]
+
+
+def test_launch_gives_each_worker_its_shard(cloud):
+    assert cloud.run("setup", *SLICE).returncode == 0
+    result = cloud.run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE)
+    assert result.returncode == 0, result.stderr
+    wait_for_exit_files(cloud)
+    assert launcher_calls(cloud, "w0") == [f"-m sweeps.launch run {SWEEP} --workdir gs://b/s --shard 0/2"]
+    assert launcher_calls(cloud, "w1") == [f"-m sweeps.launch run {SWEEP} --workdir gs://b/s --shard 1/2"]
+    ssh = [c for c in cloud.calls() if c[3] == "ssh"]
+    assert ["--worker=0" in ssh[-2], "--worker=1" in ssh[-1]] == [True, True]
+
+    # Slice 1 of a group of 3 two-worker slices: its workers hold shares 2 and 3 of 6.
+    for worker in WORKERS:
+        (cloud.home(worker) / "depth-width-scaling" / "logs" / "tiny" / f"{worker}.exit").unlink()
+    result = cloud.run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--group-shard", "1/3", "--", "--set",
+                       "steps=5")
+    assert result.returncode == 0, result.stderr
+    wait_for_exit_files(cloud)
+    assert launcher_calls(cloud, "w0")[-1].endswith("--set steps=5 --shard 2/6")
+    assert launcher_calls(cloud, "w1")[-1].endswith("--set steps=5 --shard 3/6")
+
+
+def test_launch_pod_wide_is_one_command_without_shard_and_shard_is_refused():
+    [argv] = commands(run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--commit", COMMIT, "--dry-run",
+                          "--", "--pod-wide"))
+    assert "--shard" not in assert_ssh_all(argv)
+    argv_list = commands(run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--commit", COMMIT, "--workers", "4",
+                             "--dry-run"))
+    assert [flag(a, "--worker") for a in argv_list] == ["0", "1", "2", "3"]
+    assert [flag(a, "--command").split("--shard ")[1].split(";")[0] for a in argv_list] == ["0/4", "1/4", "2/4", "3/4"]
+    refused = run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--dry-run", "--", "--shard", "0/2")
+    assert refused.returncode == 2 and "tpu/group" in refused.stderr
+    both = run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--group-shard", "0/2", "--dry-run", "--",
+               "--pod-wide")
+    assert both.returncode == 2 and "--pod-wide" in both.stderr
+
+
+def test_relaunch_resumes_a_launcher_that_exited_75(cloud):
+    assert cloud.run("setup", *SLICE).returncode == 0
+    result = relaunch(cloud, FAKE_FIRST_LAUNCH_EXIT="75")
+    assert result.returncode == 0, result.stderr
+    assert "preempted (exit 75) on: w0 w1; resuming" in result.stderr and "finished" in result.stderr
+    for worker in WORKERS:  # launched twice: preempted, then resumed to the end
+        assert len(launcher_calls(cloud, worker)) == 2
+    verbs = [c[3] for c in cloud.calls()]
+    assert "create" not in verbs and "delete" not in verbs  # the slice itself was fine
+
+
+def test_status_shows_a_preempted_worker(cloud):
+    assert cloud.run("setup", *SLICE).returncode == 0
+    assert cloud.run("launch", SWEEP, "--workdir", "gs://b/s", *SLICE, FAKE_LAUNCH_EXIT="75").returncode == 0
+    assert wait_for_exit_files(cloud) == ["75", "75"]
+    status = cloud.run("status", SWEEP, "--workdir", "gs://b/s", *SLICE)
+    assert "w0 preempted" in status.stdout and "w1 preempted" in status.stdout
+
+
+def test_group_runs_each_slice_with_its_name_and_share():
+    argv_list = commands(run("group", "3", "launch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--commit", COMMIT,
+                             "--workers", "1", "--dry-run", "--", "--set", "steps=5"))
+    assert [a[5] for a in argv_list] == ["my-tpu-0", "my-tpu-1", "my-tpu-2"]
+    assert [flag(a, "--command").split("--shard ")[1].split(";")[0] for a in argv_list] == ["0/3", "1/3", "2/3"]
+    assert all("--set steps=5" in flag(a, "--command") for a in argv_list)
+    creates = commands(run("group", "2", "create", "--name=my-tpu", "--zone", "z", "--project", "p",
+                           "--accelerator-type", "v5litepod-8", "--spot", "--dry-run"))
+    assert [a[5] for a in creates] == ["my-tpu-0", "my-tpu-1"] and all("--spot" in a for a in creates)
+    cycles = commands(run("group", "2", "relaunch", SWEEP, "--workdir", "gs://b/s", *SLICE, "--accelerator-type",
+                          "v5litepod-8", "--commit", COMMIT, "--repo-url", "u", "--workers", "1", "--dry-run"))
+    assert {a[0] for a in cycles} == {"[my-tpu-0]", "[my-tpu-1]"}  # the babysitters run side by side
+    launches = sorted(flag(a, "--command").split("--shard ")[1].split(";")[0] for a in cycles
+                      if a[5] == "ssh" and "sweeps.launch run" in flag(a, "--command"))
+    assert launches == ["0/2", "1/2"]
+    assert run("group", "0", "launch", "--dry-run").returncode == 2
+    assert "--name" in run("group", "2", "status", SWEEP, "--workdir", "gs://b/s", "--dry-run").stderr
+
+
 # --- the SLURM example ---------------------------------------------------------
 
 def run_sbatch(tmp_path, *args, **env):
@@ -468,14 +557,16 @@ def test_sbatch_host_parallel_and_pod_wide(tmp_path):
     result = run_sbatch(tmp_path, "--", "--set", "mesh.data=-1", **SLURM_ENV)
     assert result.returncode == 0, result.stderr
     argv = json.loads(result.stdout.splitlines()[-1])
-    assert argv == ["--output=logs/slurm-42/task-%t.log", "python", "-m", "sweeps.launch", "run",
+    assert argv == ["--output=logs/slurm-42/task-%t.log", "--cpus-per-task=8", "python", "-m", "sweeps.launch", "run",
                     "sweeps/configs/paper.py", "--workdir", f"{tmp_path}/runs", "--set", "mesh.data=-1"]
     assert (tmp_path / "logs" / "slurm-42").is_dir()
 
     result = run_sbatch(tmp_path, MODE="pod-wide", WORKDIR="gs://b/s", **SLURM_ENV)
     argv = json.loads(result.stdout.splitlines()[-1])
-    assert "--kill-on-bad-exit=1" in argv[:2]
+    assert "--kill-on-bad-exit=1" in argv[:3]
     assert argv[-3:] == ["--workdir", "gs://b/s", "--pod-wide"]
+    argv = json.loads(run_sbatch(tmp_path, SLURM_CPUS_PER_TASK="12", **SLURM_ENV).stdout.splitlines()[-1])
+    assert "--cpus-per-task=12" in argv[:2]  # srun gets the job's CPUs per task (Slurm >= 22.05 drops them)
 
 
 def test_sbatch_rejects_bad_setups(tmp_path):

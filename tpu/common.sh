@@ -163,8 +163,10 @@ sweep_log_dir() {
 LAUNCHER_RUNNING='[ ! -f "$p.exit" ] && [ -f "$p.pid" ] && ps -o args= -p "$(cat "$p.pid")" 2>/dev/null | grep -q sweeps.launch'
 
 # A remote command that prints, on each worker, one line
-# "WORKER_STATE <hostname> <running|done|failed|idle>" and then the last
-# LINES lines of that worker's log, each prefixed with the hostname.
+# "WORKER_STATE <hostname> <running|done|preempted|failed|idle>" and then the
+# last LINES lines of that worker's log, each prefixed with the hostname.
+# "preempted" is exit status 75 (EX_TEMPFAIL): the launcher stopped after
+# SIGTERM with a checkpoint saved, and launching again resumes it.
 worker_state_command() {
   local log_dir=$1 lines=$2
   local dir q_dir
@@ -173,7 +175,7 @@ worker_state_command() {
   # $host, $state etc. must expand on the worker, so this text is literal here.
   # shellcheck disable=SC2016
   local body='host=$(hostname); p='"$q_dir"'/$host; state=idle;
-if [ -f "$p.exit" ]; then if [ "$(cat "$p.exit")" = 0 ]; then state=done; else state=failed; fi;
+if [ -f "$p.exit" ]; then case "$(cat "$p.exit")" in 0) state=done;; 75) state=preempted;; *) state=failed;; esac;
 elif '"$LAUNCHER_RUNNING"'; then state=running; fi;
 echo "WORKER_STATE $host $state"'
   if [[ $lines -gt 0 ]]; then
@@ -211,4 +213,19 @@ slice_state() {
     PREEMPTED | TERMINATED | STOPPED) echo PREEMPTED ;;
     *) echo PENDING ;;
   esac
+}
+
+# The describe query that lists a slice's workers: one network endpoint each.
+WORKERS_QUERY_FORMAT="--format=value(networkEndpoints[].ipAddress)"
+
+# The number of workers (hosts) of the slice, asked from gcloud.
+slice_worker_count() {
+  local out
+  out=$("$GCLOUD" compute tpus tpu-vm describe "$NAME" "--zone=$ZONE" "--project=$PROJECT" \
+    "$WORKERS_QUERY_FORMAT") || die "cannot ask gcloud for the workers of $NAME; pass --workers N"
+  out=${out//;/ }
+  # shellcheck disable=SC2086 # word splitting counts the addresses
+  set -- $out
+  [[ $# -ge 1 ]] || die "gcloud lists no workers for $NAME; pass --workers N"
+  echo "$#"
 }

@@ -1,0 +1,372 @@
+"""Where this process runs and what it should do there: one decision, made before JAX starts.
+
+``decide(environ, pod_wide=..., shard=...)`` returns a ``HostPlan``:
+- ``mode``: ``single`` (one machine, every run), ``host-parallel`` (each host
+  of a multi-host job trains its own share of the sweep on its own devices,
+  no cross-host communication) or ``pod-wide`` (every process trains every
+  run together through ``jax.distributed``);
+- ``shard``: (index, count) of this process's share, (0, 1) for all runs;
+- ``env``: variables to set before JAX starts its backend, so that a host of
+  a multi-host TPU slice sees itself as a one-host slice of its own 4 chips
+  (host-parallel), or a SLURM task sees only its own GPUs;
+- ``distributed``: whether and how to call ``jax.distributed.initialize``.
+
+``python -m sweeps.launch hosts [--pod-wide] --json`` prints the decision
+without starting JAX's backend; ``hosts --check`` then starts JAX as ``run``
+would and reports what it sees (``check``).
+
+Where the facts come from:
+- **Cloud TPU VMs** (``gcloud compute tpus tpu-vm create``) have no topology
+  variables in the environment; the GCE metadata server holds them. Like
+  JAX's ``GceTpuCluster`` (jax/_src/clusters/cloud_tpu_cluster.py,
+  https://github.com/jax-ml/jax/blob/main/jax/_src/clusters/cloud_tpu_cluster.py)
+  this module reads ``instance/attributes/agent-worker-number`` (this host's
+  index), ``worker-network-endpoints`` (every host, in worker order: either
+  plain hostnames or ``name:id:ip`` triples) and ``accelerator-type`` (e.g.
+  ``v5litepod-16``) from ``http://$GCE_METADATA_IP/computeMetadata/v1/``
+  (default ``metadata.google.internal``) with the ``Metadata-Flavor: Google``
+  header. The server is only asked when ``GCE_METADATA_IP`` is set or TPU
+  chips are attached (``/dev/accel*`` or ``/dev/vfio/<n>``), so a laptop never
+  waits for it.
+- **GKE** sets ``TPU_WORKER_HOSTNAMES`` (comma-separated) and
+  ``TPU_WORKER_ID`` in the environment (JAX's ``GkeTpuCluster`` reads the same
+  two; ``TPU_PROCESS_ADDRESSES`` takes precedence there and here).
+- **SLURM**: ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID`` and the tasks
+  per node; pod-wide start-up is left to JAX's own SLURM detection.
+- **Anything else**: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID`` give an explicit multi-process job (used by the tests:
+  two local CPU processes).
+
+Confining a host to its own chips (host-parallel on a multi-host TPU slice).
+The recipe given by a PyTorch/XLA maintainer in pytorch/xla issue 7714
+("How to test on a subset of TPUs in a TPU Pod",
+https://github.com/pytorch/xla/issues/7714) is to describe a one-host "pod"
+entirely through environment variables: ``TPU_SKIP_MDS_QUERY=1`` (libtpu must
+not read the slice's real topology from the metadata server),
+``TPU_HOST_BOUNDS=1,1,1``, ``TPU_CHIPS_PER_HOST_BOUNDS=2,2,1`` (4 chips),
+``TPU_WORKER_HOSTNAMES=localhost`` and worker id 0. Checked against current
+sources:
+- jax/_src/clusters/cloud_tpu_cluster.py: ``GceTpuCluster.is_env_present``
+  returns False when ``TPU_SKIP_MDS_QUERY`` is set, so JAX will not try to
+  join the other hosts either; ``GkeTpuCluster`` reads ``TPU_WORKER_HOSTNAMES``
+  and ``TPU_WORKER_ID``, which this recipe sets to a one-host cluster.
+- jax/_src/cloud_tpu_init.py sets ``TPU_SKIP_MDS_QUERY=1`` itself, on import,
+  when no chip is attached: the variable's meaning (do not ask the metadata
+  server) is JAX's too, and on a machine without chips it tells nothing
+  (``detect_cluster`` only honours it where chips are attached).
+- jax/_src/test_multiprocess.py and JAX's ci/run_bazel_test_tpu.sh describe
+  sub-host topologies with ``TPU_PROCESS_BOUNDS``,
+  ``TPU_CHIPS_PER_PROCESS_BOUNDS``, ``TPU_HOST_BOUNDS``,
+  ``TPU_CHIPS_PER_HOST_BOUNDS``, ``TPU_ACCELERATOR_TYPE``, ``TPU_WORKER_ID`` and
+  ``TPU_WORKER_HOSTNAMES``: so those are the names libtpu reads.
+- GKE's TPU device plugin (https://github.com/ai-on-gke/tpu-device-plugin,
+  pkg/tpu/util/util_test.go, ``TestInitEnvs``) gives a container on a one-host
+  node exactly this set: ``TPU_SKIP_MDS_QUERY``, ``TPU_HOST_BOUNDS=1,1,1``,
+  ``TPU_CHIPS_PER_HOST_BOUNDS=2,2,1``, ``TPU_WORKER_ID=0``,
+  ``TPU_WORKER_HOSTNAMES=localhost``, plus ``TPU_ACCELERATOR_TYPE`` of one host
+  (``v5litepod-4``, ``v6e-4``, ``v4-8``, ``v5p-8``), ``TPU_TOPOLOGY`` (``2x2``;
+  ``2x2x1`` on v4/v5p), ``TPU_TOPOLOGY_WRAP=false,false,false`` and
+  ``TPU_TOPOLOGY_ALT=false``. libtpu itself is closed source, so these
+  published configurations are the evidence for what it reads.
+- The issue 7714 comment as stored writes the worker id variable as
+  ``WORKER_ID``; the name JAX and the GKE plugin use is ``TPU_WORKER_ID``,
+  which is what is set here. ``TPU_VISIBLE_CHIPS`` is not set: one process
+  owns all of its host's chips.
+So the variables set are the GKE one-host set above (the topology ones only
+when the accelerator type is known) plus, to match, ``TPU_PROCESS_BOUNDS=1,1,1``
+and ``TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1`` (one process owning the host's 2x2
+chips, as in JAX's test_multiprocess.py). v2/v3/v4/v5p accelerator names count
+TensorCores, two per chip: a host of a ``v4-32`` is a ``v4-8``. This is not run
+on hardware; the checklist in README's TPU section says what to look at on the
+first real slice (``hosts --check``: each worker must report 4 local devices
+and ``process_count() == 1``).
+
+Pod-wide on a TPU VM always initialises ``jax.distributed``, even on one host
+(harmless with one process; with several, orbax's asynchronous checkpointing
+fails without it; MaxText also initialises it unconditionally on TPU), with the
+coordinator on worker 0's endpoint at JAX's port 8482 (``coordinator_port`` in
+cloud_tpu_cluster.py), ``num_processes`` = the number of endpoints and
+``process_id`` = this host's worker number. Multislice jobs (``MEGASCALE_*``)
+are not handled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import urllib.error
+import urllib.request
+
+MODES = ("single", "host-parallel", "pod-wide")
+TPU_CHIPS_PER_HOST = 4  # every host of a multi-host v2, v3, v4, v5e, v5p or v6e slice
+TPU_COORDINATOR_PORT = 8482  # the port JAX's TPU cluster detection uses for worker 0
+METADATA_TIMEOUT_SECONDS = 5.0
+# Families whose accelerator-type suffix counts TensorCores (two per chip), not chips.
+_CORE_COUNTED = ("v2", "v3", "v4", "v5p")
+# Families whose chips form a 3-D torus: one host's 4 chips are 2x2x1, elsewhere 2x2.
+_THREE_D = ("v4", "v5p")
+
+
+class HostError(ValueError):
+    """The environment describes a cluster this process cannot place itself in; one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """What the environment says about the job: ``kind`` and this process's place in it.
+
+    ``kind``: ``local`` (one process), ``gce-tpu`` (Cloud TPU VM, from the
+    metadata server), ``gke-tpu``, ``slurm`` or ``explicit`` (JAX_* variables).
+    ``hosts``: addresses of every host in worker order (TPU only).
+    """
+
+    kind: str
+    index: int = 0
+    count: int = 1
+    hosts: tuple[str, ...] = ()
+    accelerator_type: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPlan:
+    """This process's decision; see the module docstring. ``to_dict`` is the ``hosts --json`` output."""
+
+    mode: str
+    shard: tuple[int, int]
+    env: dict
+    distributed: dict
+    cluster: Cluster
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "shard": list(self.shard), "env": dict(self.env),
+                "distributed": dict(self.distributed), "cluster": dataclasses.asdict(self.cluster)}
+
+    def describe(self) -> str:
+        """The decision as a few readable lines."""
+        cluster, settings = self.cluster, self.distributed
+        lines = [f"cluster: {cluster.kind}, process {cluster.index} of {cluster.count}"
+                 + (f", accelerator {cluster.accelerator_type}" if cluster.accelerator_type else ""),
+                 f"mode: {self.mode}, share {self.shard[0]}/{self.shard[1]}"]
+        lines += [f"env: {key}={value}" for key, value in sorted(self.env.items())]
+        if not settings.get("initialize"):
+            lines.append("jax.distributed: not initialised (one process)")
+        elif settings.get("auto"):
+            lines.append(f"jax.distributed: initialised by JAX's own cluster detection, process "
+                         f"{settings['process_id']} of {settings['num_processes']}")
+        else:
+            lines.append(f"jax.distributed: coordinator {settings['coordinator_address']}, process "
+                         f"{settings['process_id']} of {settings['num_processes']}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Reading the environment
+
+
+def metadata_url(environ, key: str) -> str:
+    """URL of ``instance/attributes/KEY`` on the GCE metadata server (``GCE_METADATA_IP`` overrides the host)."""
+    host = environ.get("GCE_METADATA_IP") or "metadata.google.internal"
+    return f"http://{host}/computeMetadata/v1/instance/attributes/{key}"
+
+
+def read_metadata(environ, key: str, timeout: float = METADATA_TIMEOUT_SECONDS) -> str | None:
+    """The metadata attribute ``key`` as text, or None when the server has no such attribute (HTTP 404)."""
+    request = urllib.request.Request(metadata_url(environ, key), headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read().decode().strip()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        raise HostError(f"GCE metadata server: {key} answered HTTP {error.code}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise HostError(f"cannot reach the GCE metadata server for {key} ({error}); pass --shard I/N, "
+                        "or unset GCE_METADATA_IP if this is not a TPU VM") from None
+
+
+def tpu_chips_attached() -> bool:
+    """True when TPU chips are attached to this machine (device nodes of v4: /dev/accel*, v5e+: /dev/vfio/N)."""
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def parse_worker_endpoints(text: str) -> tuple[str, ...]:
+    """Host addresses from ``worker-network-endpoints``: plain hostnames or ``name:id:ip`` triples."""
+    hosts = []
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        parts = entry.split(":")
+        if len(parts) == 1:
+            hosts.append(parts[0])
+        elif len(parts) == 3:
+            hosts.append(parts[2])
+        else:
+            raise HostError(f"worker-network-endpoints entry {entry!r}: expected a hostname or name:id:ip")
+    return tuple(hosts)
+
+
+def _int(environ, name: str) -> int:
+    try:
+        return int(environ[name])
+    except (KeyError, ValueError):
+        raise HostError(f"{name}={environ.get(name)!r}: expected an integer; pass --shard I/N") from None
+
+
+def _tasks_per_node(environ) -> int:
+    text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or "1"
+    match = re.match(r"\d+", text)  # SLURM_TASKS_PER_NODE looks like "8(x2)"
+    return int(match.group()) if match else 1
+
+
+def detect_cluster(environ, *, chips_attached=None) -> Cluster:
+    """This process's cluster, from the environment and (on TPU VMs) the metadata server.
+
+    Order: GKE TPU variables, an explicit JAX_* job, SLURM, then the
+    metadata server when ``GCE_METADATA_IP`` is set or TPU chips are attached
+    (unless chips are attached and ``TPU_SKIP_MDS_QUERY`` is set).
+    """
+    gke_hosts = environ.get("TPU_PROCESS_ADDRESSES") or environ.get("TPU_WORKER_HOSTNAMES") or ""
+    hosts = tuple(h.strip() for h in gke_hosts.split(",") if h.strip())
+    if len(hosts) > 1:
+        return Cluster("gke-tpu", _int(environ, "TPU_WORKER_ID"), len(hosts), hosts,
+                       environ.get("TPU_ACCELERATOR_TYPE"))
+    if environ.get("JAX_COORDINATOR_ADDRESS"):
+        count = _int(environ, "JAX_NUM_PROCESSES")
+        return Cluster("explicit", _int(environ, "JAX_PROCESS_ID"), count, (environ["JAX_COORDINATOR_ADDRESS"],))
+    if int(environ.get("SLURM_NTASKS") or 1) > 1:
+        return Cluster("slurm", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS"))
+    attached = tpu_chips_attached() if chips_attached is None else chips_attached
+    # Like JAX's GceTpuCluster: on a machine with chips, TPU_SKIP_MDS_QUERY means the topology is in the
+    # environment (GKE, or a host already confined to itself). Without chips it says nothing: JAX's
+    # cloud_tpu_init sets it itself on import there.
+    confined = attached and environ.get("TPU_SKIP_MDS_QUERY") is not None
+    if (environ.get("GCE_METADATA_IP") or attached) and not confined:
+        number = read_metadata(environ, "agent-worker-number")
+        endpoints = read_metadata(environ, "worker-network-endpoints")
+        if number is not None and endpoints:
+            hosts = parse_worker_endpoints(endpoints)
+            index = int(number)
+            if not 0 <= index < len(hosts):
+                raise HostError(f"agent-worker-number {index} is not one of the {len(hosts)} worker endpoints")
+            return Cluster("gce-tpu", index, len(hosts), hosts, read_metadata(environ, "accelerator-type"))
+    return Cluster("local")
+
+
+# ---------------------------------------------------------------------------
+# Deciding
+
+
+def one_host_accelerator_type(accelerator_type: str | None) -> str | None:
+    """The accelerator type of one 4-chip host of a slice: v5litepod-16 -> v5litepod-4, v4-32 -> v4-8."""
+    if not accelerator_type or "-" not in accelerator_type:
+        return None
+    family = accelerator_type.rsplit("-", 1)[0]
+    per_chip = 2 if family in _CORE_COUNTED else 1
+    return f"{family}-{TPU_CHIPS_PER_HOST * per_chip}"
+
+
+def tpu_single_host_env(cluster: Cluster) -> dict[str, str]:
+    """Variables that make this host of a multi-host slice a one-host slice of its own chips (see docstring)."""
+    env = {"TPU_SKIP_MDS_QUERY": "1", "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+           "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1",
+           "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0"}
+    one_host = one_host_accelerator_type(cluster.accelerator_type)
+    if one_host:
+        three_d = one_host.rsplit("-", 1)[0] in _THREE_D
+        env.update(TPU_ACCELERATOR_TYPE=one_host, TPU_TOPOLOGY="2x2x1" if three_d else "2x2",
+                   TPU_TOPOLOGY_WRAP="false,false,false", TPU_TOPOLOGY_ALT="false")
+    return env
+
+
+def slurm_gpu_env(environ) -> dict[str, str]:
+    """With several SLURM tasks per node, this task's slice of the node's ``CUDA_VISIBLE_DEVICES``."""
+    gpus = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    per_node = _tasks_per_node(environ)
+    if per_node > 1 and gpus and len(gpus) % per_node == 0:
+        share = len(gpus) // per_node
+        local = int(environ.get("SLURM_LOCALID", "0"))
+        return {"CUDA_VISIBLE_DEVICES": ",".join(gpus[local * share:(local + 1) * share])}
+    return {}
+
+
+def _distributed(cluster: Cluster) -> dict:
+    if cluster.kind in ("gce-tpu", "gke-tpu"):
+        coordinator = cluster.hosts[0].split(":")[0]
+        return {"initialize": True, "coordinator_address": f"{coordinator}:{TPU_COORDINATOR_PORT}",
+                "num_processes": cluster.count, "process_id": cluster.index}
+    if cluster.kind == "explicit":
+        return {"initialize": True, "coordinator_address": cluster.hosts[0], "num_processes": cluster.count,
+                "process_id": cluster.index}
+    if cluster.kind == "slurm":  # JAX's SlurmCluster reads the node list and picks the coordinator
+        return {"initialize": True, "auto": True, "num_processes": cluster.count, "process_id": cluster.index}
+    return {"initialize": False}
+
+
+def decide(environ, *, pod_wide: bool = False, shard: tuple[int, int] | None = None,
+           cluster: Cluster | None = None) -> HostPlan:
+    """This process's ``HostPlan`` (see the module docstring); ``shard`` is an explicit ``--shard I/N``.
+
+    Raises ``HostError`` (one line) when the environment cannot be read, and
+    when ``pod_wide`` is combined with ``shard``.
+    """
+    if pod_wide and shard is not None:
+        raise HostError("--pod-wide trains every run on all hosts together; it cannot take --shard")
+    cluster = detect_cluster(environ) if cluster is None else cluster
+    if pod_wide:
+        return HostPlan("pod-wide", (0, 1), {}, _distributed(cluster), cluster)
+    env = {}
+    if cluster.kind in ("gce-tpu", "gke-tpu") and cluster.count > 1:
+        env = tpu_single_host_env(cluster)
+    elif cluster.kind == "slurm":
+        env = slurm_gpu_env(environ)
+    if shard is None and cluster.count > 1:
+        shard = (cluster.index, cluster.count)
+    if shard is None or shard[1] == 1:
+        return HostPlan("single", (0, 1), env, {"initialize": False}, cluster)
+    return HostPlan("host-parallel", tuple(shard), env, {"initialize": False}, cluster)
+
+
+def apply(plan: HostPlan, environ=None) -> None:
+    """Put ``plan.env`` into the process environment; must run before JAX starts its backend."""
+    (os.environ if environ is None else environ).update(plan.env)
+
+
+def initialize(plan: HostPlan) -> None:
+    """Start ``jax.distributed`` as ``plan.distributed`` says (nothing when it says not to)."""
+    settings = plan.distributed
+    if not settings.get("initialize"):
+        return
+    from scaling import mesh as mesh_lib
+
+    if settings.get("auto"):
+        mesh_lib.initialize_distributed(auto=True)
+    else:
+        mesh_lib.initialize_distributed(settings["coordinator_address"], settings["num_processes"],
+                                        settings["process_id"])
+
+
+def check(plan: HostPlan) -> tuple[dict, list[str]]:
+    """Start JAX as ``run`` would under ``plan``; what it sees, and what contradicts the plan.
+
+    The facts are ``device_count``, ``local_device_count``, ``process_count``,
+    ``process_index`` and ``platform``. Host-parallel and single-machine
+    processes must be alone (``process_count`` 1) and see only local devices;
+    pod-wide ones must be ``num_processes`` processes.
+    """
+    apply(plan)
+    initialize(plan)
+    import jax
+
+    facts = {"device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
+             "process_count": jax.process_count(), "process_index": jax.process_index(),
+             "platform": jax.devices()[0].platform}
+    expected = plan.distributed.get("num_processes", 1) if plan.mode == "pod-wide" else 1
+    problems = []
+    if facts["process_count"] != expected:
+        problems.append(f"process_count is {facts['process_count']}, expected {expected}")
+    if plan.mode != "pod-wide" and facts["device_count"] != facts["local_device_count"]:
+        problems.append(f"sees {facts['device_count']} devices but only {facts['local_device_count']} are local: "
+                        "the host is not confined to its own chips")
+    if plan.cluster.kind in ("gce-tpu", "gke-tpu") and facts["platform"] != "tpu":
+        problems.append(f"JAX runs on {facts['platform']}, not tpu (is libtpu installed? JAX_PLATFORMS set?)")
+    return facts, problems

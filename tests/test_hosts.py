@@ -1,0 +1,206 @@
+"""sweeps.hosts: which mode, share, TPU variables and jax.distributed settings a process gets.
+
+The Cloud TPU VM case runs against a stub GCE metadata server on 127.0.0.1
+(reached through GCE_METADATA_IP, as JAX and google-auth allow), describing
+worker 2 of a v5litepod-16 (4 hosts of 4 chips). No TPU is involved.
+"""
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from sweeps import hosts
+
+REPO = Path(__file__).resolve().parents[1]
+V5E_16 = {  # what the metadata server of worker 2 of a v5litepod-16 answers
+    "agent-worker-number": "2",
+    "worker-network-endpoints": ",".join(f"t1v-n-1234-w-{i}:{i}:10.130.0.{10 + i}" for i in range(4)),
+    "accelerator-type": "v5litepod-16",
+}
+ISOLATION = {"TPU_SKIP_MDS_QUERY": "1", "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+             "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1",
+             "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0", "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+             "TPU_TOPOLOGY": "2x2", "TPU_TOPOLOGY_WRAP": "false,false,false", "TPU_TOPOLOGY_ALT": "false"}
+
+
+@pytest.fixture
+def metadata_server():
+    """A stub of the GCE metadata server; yields (address, list of requested keys)."""
+    requested = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            prefix = "/computeMetadata/v1/instance/attributes/"
+            key = self.path[len(prefix):] if self.path.startswith(prefix) else None
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self.send_response(403)
+                self.end_headers()
+                return
+            requested.append(key)
+            if key not in V5E_16:
+                self.send_response(404)
+                self.end_headers()
+                return
+            body = V5E_16[key].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", requested
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TPU_", "SLURM_", "JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                                "GCE_METADATA"))}
+    env.update(extra)
+    return env
+
+
+def hosts_cli(*args, env):
+    result = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_tpu_vm_worker_from_the_metadata_server(metadata_server):
+    address, requested = metadata_server
+    env = clean_env(GCE_METADATA_IP=address)
+    plan = json.loads(hosts_cli("--json", env=env))
+    assert plan["mode"] == "host-parallel" and plan["shard"] == [2, 4]
+    assert plan["env"] == ISOLATION
+    assert plan["distributed"] == {"initialize": False}
+    assert plan["cluster"]["kind"] == "gce-tpu"
+    assert {"agent-worker-number", "worker-network-endpoints", "accelerator-type"} <= set(requested)
+
+    pod = json.loads(hosts_cli("--pod-wide", "--json", env=env))
+    assert pod["mode"] == "pod-wide" and pod["shard"] == [0, 1] and pod["env"] == {}
+    assert pod["distributed"] == {"initialize": True, "coordinator_address": "10.130.0.10:8482",
+                                  "num_processes": 4, "process_id": 2}
+
+    explicit = json.loads(hosts_cli("--shard", "1/3", "--json", env=env))  # --shard wins; isolation stays
+    assert explicit["shard"] == [1, 3] and explicit["env"] == ISOLATION
+
+    # Once confined (the variables applied), a host with chips is a one-host job to this module too.
+    assert hosts.detect_cluster({**env, **ISOLATION}, chips_attached=True).kind == "local"
+    assert hosts.detect_cluster(env, chips_attached=True).kind == "gce-tpu"
+
+    text = hosts_cli(env=env)  # the readable form says the same
+    assert "mode: host-parallel, share 2/4" in text and "env: TPU_SKIP_MDS_QUERY=1" in text
+
+
+def test_hosts_command_never_starts_a_jax_backend(metadata_server):
+    # The TPU variables only take effect if they are set before JAX starts its backend.
+    address, _ = metadata_server
+    code = ("from sweeps import launch; from jax._src import xla_bridge; "
+            "assert launch.main(['hosts', '--pod-wide', '--json']) == 0; "
+            "assert not xla_bridge._backends, xla_bridge._backends")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(GCE_METADATA_IP=address),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_unreachable_metadata_server_is_one_error_line():
+    env = clean_env(GCE_METADATA_IP="127.0.0.1:9")  # the discard port: nothing listens
+    result = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--json"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "metadata server" in result.stderr and "--shard" in result.stderr
+
+
+def test_single_host_tpu_vm_is_single_but_pod_wide_still_initialises():
+    one = hosts.Cluster("gce-tpu", 0, 1, ("10.0.0.2",), "v5litepod-8")
+    assert hosts.decide({}, cluster=one).mode == "single"
+    assert hosts.decide({}, cluster=one).env == {}
+    pod = hosts.decide({}, pod_wide=True, cluster=one)
+    assert pod.distributed == {"initialize": True, "coordinator_address": "10.0.0.2:8482",
+                               "num_processes": 1, "process_id": 0}
+
+
+def test_gke_slurm_explicit_and_local():
+    gke = hosts.decide({"TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3", "TPU_WORKER_ID": "3", "TPU_ACCELERATOR_TYPE": "v4-32"})
+    assert (gke.mode, gke.shard, gke.cluster.kind) == ("host-parallel", (3, 4), "gke-tpu")
+    assert (gke.env["TPU_ACCELERATOR_TYPE"], gke.env["TPU_TOPOLOGY"]) == ("v4-8", "2x2x1")
+    assert gke.env["TPU_WORKER_HOSTNAMES"] == "localhost"
+    # After the update the host looks like a one-host job, to this module and to JAX's own detection.
+    assert hosts.decide({"TPU_WORKER_ID": "3", **gke.env}, cluster=None).mode == "single"
+    assert hosts.decide({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "1"}, pod_wide=True).distributed[
+        "coordinator_address"] == "h0:8482"
+
+    slurm = {"SLURM_NTASKS": "16", "SLURM_PROCID": "11", "SLURM_LOCALID": "3", "SLURM_TASKS_PER_NODE": "8(x2)",
+             "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    plan = hosts.decide(slurm)
+    assert (plan.mode, plan.shard, plan.env) == ("host-parallel", (11, 16), {"CUDA_VISIBLE_DEVICES": "3"})
+    assert hosts.decide({**slurm, "CUDA_VISIBLE_DEVICES": "5"}).env == {}  # SLURM already gave one GPU
+    assert hosts.decide(slurm, pod_wide=True).distributed == {"initialize": True, "auto": True,
+                                                              "num_processes": 16, "process_id": 11}
+
+    explicit = {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+    assert hosts.decide(explicit, pod_wide=True).distributed == {
+        "initialize": True, "coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 1}
+
+    local = hosts.decide({}, cluster=hosts.Cluster("local"))
+    assert (local.mode, local.shard, local.env, local.distributed) == ("single", (0, 1), {}, {"initialize": False})
+    assert hosts.decide({}, shard=(1, 2), cluster=hosts.Cluster("local")).mode == "host-parallel"
+
+
+def test_bad_environments_give_one_line_errors():
+    with pytest.raises(hosts.HostError, match="TPU_WORKER_ID.*--shard"):
+        hosts.decide({"TPU_WORKER_HOSTNAMES": "h0,h1"})
+    with pytest.raises(hosts.HostError, match="cannot take --shard"):
+        hosts.decide({}, pod_wide=True, shard=(0, 2), cluster=hosts.Cluster("local"))
+    with pytest.raises(hosts.HostError, match="name:id:ip"):
+        hosts.parse_worker_endpoints("a:b")
+    assert hosts.parse_worker_endpoints("w-0, w-1") == ("w-0", "w-1")
+
+
+@pytest.mark.parametrize("slice_type,host_type", [("v5litepod-16", "v5litepod-4"), ("v4-32", "v4-8"),
+                                                   ("v5p-64", "v5p-8"), ("v6e-16", "v6e-4"), ("v3-32", "v3-8")])
+def test_one_host_accelerator_type(slice_type, host_type):
+    assert hosts.one_host_accelerator_type(slice_type) == host_type
+
+
+def test_check_starts_jax_as_run_would_and_reports_what_it_sees(metadata_server):
+    address, _ = metadata_server
+    local = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--check", "--json"], cwd=REPO,
+                           env=clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+                           capture_output=True, text=True, timeout=120)
+    assert local.returncode == 0, local.stderr
+    facts = json.loads(local.stdout)["check"]
+    assert facts == {"device_count": 4, "local_device_count": 4, "process_count": 1, "process_index": 0,
+                     "platform": "cpu"}
+    # One explicit process in pod-wide mode: jax.distributed really starts, and the check agrees.
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    coordinator = f"127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    pod = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--pod-wide", "--check"], cwd=REPO,
+                         env=clean_env(JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES="1",
+                                       JAX_PROCESS_ID="0"), capture_output=True, text=True, timeout=120)
+    assert pod.returncode == 0, pod.stderr
+    assert "mode pod-wide, shard 0/1, process 0 of 1" in pod.stdout
+    # A "TPU worker" whose JAX runs on the CPU: the check says so and fails, before any money is spent.
+    tpu = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--check"], cwd=REPO,
+                         env=clean_env(JAX_PLATFORMS="cpu", GCE_METADATA_IP=address), capture_output=True, text=True,
+                         timeout=120)
+    assert tpu.returncode == 1
+    assert "mode host-parallel, shard 2/4, process 0 of 1" in tpu.stdout and "PROBLEM: JAX runs on cpu" in tpu.stdout
