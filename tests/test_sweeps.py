@@ -68,6 +68,21 @@ def results(sweep_dir: Path) -> dict:
     return {record["name"]: record for record in records}
 
 
+def write_record(run, workdir, status="finished", loss=3.0, **fields):
+    """Write ``run``'s record by hand, as the trainer would (no training)."""
+    from scaling import records
+
+    config = run.config
+    record = records.RunRecord(
+        run_id=run.run_id, status=status, depth=config.model.depth, width=config.model.width, seed=config.seed,
+        params_non_embedding=12 * config.model.depth * config.model.width ** 2, name=run.name,
+        sweep=config.sweep_name, final_eval_loss=loss if status == "finished" else None, **fields)
+    run_dir = Path(str(run.run_dir(workdir)))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    records.write_record(run_dir, record)
+    return record
+
+
 def write_sweep_text(grid):
     """The ``sweep`` function of a test sweep file with this grid, without writing the file."""
     namespace = {}
@@ -195,25 +210,26 @@ def test_failures_are_recorded_and_preemption_stops_the_sweep(tmp_path, capsys, 
     workdir = tmp_path / "runs"
     calls = []
 
+    by_name = {run.name: run for run in spec.load_sweep(sweep_file).expand().runs}
+
     def fake_run(config, run_dir, show_progress=True, devices=None):
         calls.append(config.name)
-        if config.model.width == 16:
+        if config.model.width == 16:  # the trainer records the failure, then re-raises
+            write_record(by_name[config.name], workdir, status="failed",
+                         error="RuntimeError: RESOURCE_EXHAUSTED: out of memory")
             raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nallocation details")
         if config.model.width == 32 and behaviour == "preempt":
             raise train.Preempted("stopped by SIGTERM after step 5; checkpoint saved")
         if config.model.width == 32 and behaviour == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while no trainer handler is installed
-        record = {"status": "finished", "name": config.name, "final_eval_loss": 4.0, "steps": 12}
-        Path(str(run_dir)).mkdir(parents=True, exist_ok=True)
-        (Path(str(run_dir)) / "result.json").write_text(json.dumps(record))
-        return record
+        return write_record(by_name[config.name], workdir, loss=4.0, steps=12)
 
     monkeypatch.setattr(train, "run", fake_run)
     behaviour = "preempt"
     assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == train.PREEMPTED_EXIT_CODE
     assert calls == ["L1-d16-s0", "L1-d32-s0"]  # cheapest first; the sweep stopped at the preemption
     out = capsys.readouterr().out
-    assert "L1-d16-s0: failed: RuntimeError: RESOURCE_EXHAUSTED: out of memory (recorded in" in out
+    assert "L1-d16-s0: failed: RuntimeError: RESOURCE_EXHAUSTED: out of memory (run directory" in out
     assert "L1-d32-s0: stopped by SIGTERM" in out and "== sweep" not in out
     failed = results(workdir / "flow")["L1-d16-s0"]
     assert (failed["status"], failed["error"]) == ("failed", "RuntimeError: RESOURCE_EXHAUSTED: out of memory")
@@ -343,9 +359,7 @@ def test_run_takes_the_host_share_then_hides_the_other_hosts(tmp_path, capsys, m
     workdir = tmp_path / "runs"
     mine = spec.shard(runs, 1, 3)
     for run in mine:  # this host's share is already done, so `run` trains nothing here
-        run_dir = Path(str(run.run_dir(workdir)))
-        run_dir.mkdir(parents=True)
-        (run_dir / "result.json").write_text(json.dumps({"status": "finished", "final_eval_loss": 3.0}))
+        write_record(run, workdir)
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_"))}
     environ.update(TPU_WORKER_HOSTNAMES="h0,h1,h2", TPU_WORKER_ID="1")
     monkeypatch.setattr(os, "environ", environ)
@@ -366,12 +380,10 @@ def _fake_runs(tmp_path):
     runs = spec.load_sweep(sweep_file).expand().runs
     workdir = tmp_path / "runs"
     finished, resumable, failed, _ = (run.run_dir(workdir) for run in runs)
-    finished.mkdir(parents=True)
-    (finished / "result.json").write_text(json.dumps({"status": "finished", "final_eval_loss": 2.5}))
+    write_record(runs[0], workdir, loss=2.5)
     (resumable / "checkpoints" / "20").mkdir(parents=True)
     (resumable / "checkpoints" / "30.orbax-checkpoint-tmp-1").mkdir()  # unfinished save: not a checkpoint
-    failed.mkdir(parents=True)
-    (failed / "result.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    write_record(runs[2], workdir, status="failed", error="boom")
     return sweep_file, workdir, runs
 
 
