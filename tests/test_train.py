@@ -121,30 +121,35 @@ def _wait_for(predicate, timeout, proc):
             return
         if proc.poll() is not None:
             raise AssertionError(f"process ended early: {proc.communicate()[0]}")
-        time.sleep(0.05)
+        time.sleep(0.01)
     raise AssertionError("timed out")
 
 
 def test_sigkill_then_restart_matches_an_uninterrupted_run(tmp_path):
-    config = small_config(steps=40, log_every=5, eval_every=20, checkpoint_every=10)
+    config = small_config(steps=60, log_every=2, eval_every=30, checkpoint_every=30)
     # The reference runs in the same kind of process as the killed run (one CPU device).
     subprocess.run(_cli(tmp_path / "reference", config), cwd=REPO, env=_env(1), check=True, capture_output=True)
     reference = json.loads((tmp_path / "reference" / "result.json").read_text())
     workdir = tmp_path / "killed"
     proc = subprocess.Popen(_cli(workdir, config), cwd=REPO, env=_env(1), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    checkpoint = workdir / "checkpoints" / "20"
-    _wait_for(checkpoint.exists, 240, proc)
+    def logged_steps():
+        text = (workdir / "metrics.jsonl").read_text() if (workdir / "metrics.jsonl").exists() else ""
+        return [json.loads(line)["step"] for line in text.splitlines() if line.endswith("}")]
+
+    # Kill once rows past the checkpoint of step 30 are on disk, so the resume must cut them.
+    _wait_for(lambda: (workdir / "checkpoints" / "30").exists() and max(logged_steps(), default=0) >= 36, 240, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # like a machine dying: the trainer and its helpers
     proc.wait()
     assert not (workdir / "result.json").exists()
+    assert max(logged_steps()) > 30 and not (workdir / "checkpoints" / "60").exists()
     restarted = subprocess.run(_cli(workdir, config), cwd=REPO, env=_env(1), capture_output=True, text=True)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     resumed = json.loads((workdir / "result.json").read_text())
     assert resumed["final_eval_loss"] == reference["final_eval_loss"]  # bitwise on CPU
     step_a, params_a = _final_params(tmp_path / "reference")
     step_b, params_b = _final_params(workdir)
-    assert step_a == step_b == 40
+    assert step_a == step_b == 60
     jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
     assert _wandb_run_ids(workdir) == {resumed["wandb_id"]}  # the restart continued the same wandb run
     steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
