@@ -333,7 +333,8 @@ def test_an_unwritable_run_dir_is_reported_and_the_others_train(tmp_path):
     assert len(finished) == 2
 
 
-def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("when", ["at_save", "in_background"])
+def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(tmp_path, monkeypatch, capsys, when):
     """A checkpoint write that fails at step 5 stops that run at step 5 with one line; the next run
     logs into its own wandb run; the retried run ends with one metrics row per step."""
     from scaling import checkpoints
@@ -342,16 +343,23 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
     sweep = write_sweep(tmp_path, steps=10, wandb="offline")
     monkeypatch.chdir(tmp_path)
     failing = {"dir": None}
-    real_save = checkpoints.ocp.CheckpointManager.save
+    manager = checkpoints.ocp.CheckpointManager
+    real_save, real_check = manager.save, manager.check_for_errors
 
     def save(self, step, *args, **kwargs):
         if failing["dir"] is None:
             failing["dir"] = str(self.directory)
-        if str(self.directory) == failing["dir"]:
+        if str(self.directory) == failing["dir"] and when == "at_save":
             raise OSError(28, "No space left on device")
         return real_save(self, step, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", save)
+    def check_for_errors(self):  # what orbax reports when its background write failed
+        if str(self.directory) == failing["dir"] and when == "in_background":
+            raise OSError(28, "No space left on device")
+        return real_check(self)
+
+    monkeypatch.setattr(manager, "save", save)
+    monkeypatch.setattr(manager, "check_for_errors", check_for_errors)
     assert launcher.main(["run", str(sweep), "--workdir", "runs"]) == 1
     out = capsys.readouterr().out
     failed_lines = [line for line in out.splitlines() if ": failed:" in line]
@@ -366,7 +374,8 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
         if record.status == "finished":  # each later run has its own, complete wandb run
             assert [p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")] == [record.wandb_id]
             assert list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
-    monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", real_save)
+    monkeypatch.setattr(manager, "save", real_save)
+    monkeypatch.setattr(manager, "check_for_errors", real_check)
     assert launcher.main(["run", str(sweep), "--workdir", "runs"]) == 0
     assert records.read_record(failed).status == "finished"
     steps = metric_steps(failed)
