@@ -13,6 +13,15 @@ from analysis.synthetic import synthetic_runs
 REPO = Path(__file__).resolve().parents[1]
 
 
+def record_json(name, depth, width, seed, loss, fingerprint="fp", **extra):
+    """A valid finished run record (``scaling.records``) as JSON text."""
+    from scaling.records import RunRecord
+
+    return RunRecord(run_id=name, status="finished", depth=int(depth), width=int(width), seed=int(seed),
+                     params_non_embedding=12 * int(depth) * int(width) ** 2, name=name,
+                     final_eval_loss=float(loss), data_fingerprint=fingerprint, **extra).to_json()
+
+
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
@@ -126,10 +135,8 @@ def test_fit_from_a_sweep_directory(tmp_path, capsys):
     for index, row in runs.iterrows():
         run = tmp_path / "sweep" / f"run{index}"
         run.mkdir(parents=True)
-        record = {"status": "finished", "name": f"L{row.depth}-d{row.width}-s{row.seed}", "depth": int(row.depth),
-                  "width": int(row.width), "seed": int(row.seed), "final_eval_loss": float(row.loss),
-                  "data_fingerprint": "fp"}
-        (run / "result.json").write_text(json.dumps(record))
+        (run / "result.json").write_text(record_json(f"L{row.depth}-d{row.width}-s{row.seed}", row.depth, row.width,
+                                                     row.seed, row.loss))
     data = run_json(capsys, "fit", str(tmp_path / "sweep"), "--json", "--bootstrap", "20")
     assert data["runs"] == len(runs) and data["fingerprint"] == "fp" and data["skipped"] == {}
     assert len(data["transitions"]) == 2 and data["fit"] is not None
@@ -167,9 +174,7 @@ def test_mixed_data_fingerprints_exit_2(tmp_path, capsys):
     for index, fingerprint in enumerate(("fp-one", "fp-two")):
         run = tmp_path / f"run{index}"
         run.mkdir()
-        (run / "result.json").write_text(json.dumps(
-            {"status": "finished", "depth": 2 + 2 * index, "width": 32, "seed": 0, "final_eval_loss": 3.0,
-             "data_fingerprint": fingerprint}))
+        (run / "result.json").write_text(record_json(f"run{index}", 2 + 2 * index, 32, 0, 3.0, fingerprint))
     assert main(["fit", str(tmp_path)]) == 2
     assert "--fingerprint" in capsys.readouterr().err
 
