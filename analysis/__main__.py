@@ -86,6 +86,9 @@ def cmd_optimal(args) -> int:
     print(f"optimal depth  {shape.depth} layers (N_tr(L) = N at L = {shape.depth_continuous:.2f}; "
           f"N_tr·e^(±ΔN/N_tr) = N gives L = {_fmt(shape.depth_low, '.1f', 'unbounded')} to "
           f"{_fmt(shape.depth_high, '.1f', 'unbounded')})")
+    if shape.depth_continuous < 1:
+        print(f"  (N_tr(1) = {float(projection.transition_params(1, fit)):.3g} > N: even one layer is too deep "
+              "for this budget under this fit)")
     print(f"optimal width  {shape.width:,.0f} channels (sqrt(N / (12·{shape.depth}))); "
           f"{shape.width_rounded:,} rounded to the head size {shape.head_size}")
     print(f"N_tr({shape.depth}) = {shape.n_transition:.4g} ± {shape.delta_n:.2g} parameters")

@@ -93,7 +93,7 @@ class LogWidthFit:
         if self.chi2_red is not None:
             text += f", χ²_red = {self.chi2_red:.3f}"
         if self.n_points is not None:
-            text += f" ({self.n_points} points, {self.dof} degrees of freedom)"
+            text += f" ({self.n_points} points, {self.dof} degree{'s' if self.dof != 1 else ''} of freedom)"
         return text
 
     def to_dict(self) -> dict:

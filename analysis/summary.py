@@ -83,7 +83,8 @@ class SweepAnalysis:
         for transition in self.transitions:
             out.append(transition.message)
             if transition.noise is not None:
-                out.append(f"  {transition.noise.describe()}; {transition.crossing_text()}")
+                out.append(f"  {transition.noise.describe()}; {transition.paper_text()}; "
+                           f"{transition.crossing_text()}")
         for estimate in ESTIMATES:
             fit = self.fits.get(estimate)
             label = "zero-crossing estimate" if estimate == "crossing" else "paper's significance rule"

@@ -148,6 +148,12 @@ class Transition:
         sigma_log = (math.log(self.crossing_ci[1]) - math.log(self.crossing_ci[0])) / (2 * z)
         return (self.crossing_width, self.crossing_width * max(sigma_log, 1e-6)) if sigma_log >= 0 else None
 
+    def paper_text(self) -> str:
+        if not self.paper_ci:
+            return "paper rule: no bootstrap interval"
+        return (f"paper rule {self.confidence:.0%} interval {self.paper_ci[0]:.0f}–{self.paper_ci[1]:.0f} "
+                f"({self.paper_fraction:.0%} of resamples find it)")
+
     def crossing_text(self) -> str:
         if self.crossing_width is None:
             return "no zero crossing of the loss difference in the compared range"
