@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisInputError, SingleSeedError
 from analysis.fit import LogWidthFit, fit_log_width
-from analysis.points import RateChoice, choose_rates, rate_table
+from analysis.points import RateChoice, aggregate_seeds, choose_rates, rate_table
 from analysis.results import RunTable, table_from_records
 from analysis.transition import ESTIMATES, Transition, find_transitions, transition_points
 
@@ -65,6 +65,18 @@ class SweepAnalysis:
         lines += ["  " + c.describe() for c in self.choices if show_all or c.others]
         return lines
 
+    def seed_mean_lines(self) -> list[str]:
+        """Per depth, the seed-mean eval loss ± std (nats/token) and seed count at each width used."""
+        if self.runs is None or self.runs.empty:
+            return []
+        points = aggregate_seeds(self.runs)
+        lines = ["eval loss per shape (nats/token; mean±std over seeds, n seeds):"]
+        for depth, rows in points.groupby("depth"):
+            cells = [f"d{row.width} {row.loss_mean:.4f}" + (f"±{row.loss_std:.4f}" if row.n_seeds > 1 else "")
+                     + f" ({row.n_seeds})" for row in rows.itertuples()]
+            lines.append(f"  L={depth}: " + ", ".join(cells))
+        return lines
+
     def lines(self, show_all_rates: bool = False) -> list[str]:
         """The summary as text lines (no trailing newlines)."""
         out = []
@@ -76,6 +88,7 @@ class SweepAnalysis:
                 out.append("runs that did not finish, per shape:")
                 out += ["  " + line for line in unfinished]
             out += self.rate_lines(show_all_rates)
+            out += self.seed_mean_lines()
         if self.outcome in (Outcome.NO_FINISHED_RUNS, Outcome.TOO_FEW_DEPTHS, Outcome.NO_SEED_NOISE,
                             Outcome.UNUSABLE_INPUT):
             return out + [self.message]
@@ -124,7 +137,7 @@ def analyse(table: RunTable, alpha: float = 0.05, method: str = "pooled", loss_s
         transitions, significance = find_transitions(runs, alpha=alpha, method=method, loss_std=loss_std,
                                                      n_bootstrap=n_bootstrap, seed=seed)
     except SingleSeedError as error:
-        return SweepAnalysis(Outcome.NO_SEED_NOISE, f"no transitions: {error}", **base)
+        return SweepAnalysis(Outcome.NO_SEED_NOISE, f"not enough points for transitions: {error}", **base)
     fits, messages = {}, {}
     for estimate in ESTIMATES:
         fits[estimate], messages[estimate] = _fit(transitions, estimate, f"{name} ({estimate})")
