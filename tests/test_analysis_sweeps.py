@@ -191,3 +191,17 @@ def test_two_point_fit_prints_no_goodness_of_fit(tmp_path, capsys):
     assert main(["fit", str(path), "--bootstrap", "100"]) == 0
     out = capsys.readouterr().out
     assert "0 degrees of freedom: no goodness of fit" in out and "R²" not in out
+
+
+def test_launcher_summary_uses_the_analysis_and_counts_each_run_once():
+    from sweeps.launch import RunState, analysis_lines
+
+    runs = synthetic_runs(depths=(2, 4, 6), seeds=3, noise=0.003, rng=5)
+    records = [json.loads(record(r.depth, r.width, r.seed, r.loss).to_json()) for r in runs.itertuples()]
+    states = [RunState(None, "finished", None, r) for r in records + records[:2]]  # two copies of runs
+    states.append(RunState(None, "unreadable", None, {"error": "x/result.json: not valid JSON"}))
+    lines = analysis_lines(states, "runs/demo")
+    assert lines[0].startswith(f"loaded {len(records)} runs from runs/demo")
+    assert any(line.startswith("fit of log d = a + b·L, zero-crossing estimate: runs/demo") for line in lines)
+    single = analysis_lines([s for s in states if s.record.get("seed") == 0], "runs/demo")
+    assert single[-1] == "to assume a seed noise anyway: python -m analysis fit runs/demo --loss-std 0.02"
