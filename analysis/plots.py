@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import LogLocator, NullFormatter
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
 from analysis import projection, theory
 from analysis.fit import LogWidthFit
@@ -35,10 +35,11 @@ from analysis.transition import Transition, transition_points
 
 
 def _log_x(ax):
-    """Log x axis with labels at decades only, so minor labels cannot overlap."""
+    """Log x axis whose labels cannot overlap: decades, plus a few minor ticks only when it spans under one."""
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10.0, numticks=8))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    # Label a subset of minor ticks below one decade, never all of them (the crowded default).
+    ax.xaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(1.0, 0.0)))
 
 
 def _fit_label(fit: LogWidthFit) -> str:
@@ -156,13 +157,15 @@ def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth
             ax.annotate("", xy=(shape.depth, budget.params), xytext=(budget.trained_depth, budget.params),
                         arrowprops={"arrowstyle": "->", "color": "0.5", "lw": 0.8})
     depth, width, error = transition_points(list(transitions), estimate)
+    floor = low.min()
     if depth.size:
         measured = 12.0 * depth * width ** 2
         relative = 2.0 * error / width  # ΔN/N = 2·Δd/d, drawn in ln N like the band
         ax.errorbar(depth, measured, yerr=(measured * (1 - np.exp(-relative)), measured * (np.exp(relative) - 1)),
                     fmt="s", color="k", ms=4, capsize=2, label=f"your runs: measured transitions ({estimate})")
+        floor = min(floor, float(measured.min()) * np.exp(-relative.max()))
     ax.set_yscale("log")
-    ax.set_ylim(bottom=low.min() / 3.0)
+    ax.set_ylim(bottom=floor / 3.0)
     ax.set_xlim(0, max_depth)
     ax.set_xlabel("depth L")
     ax.set_ylabel("non-embedding parameters N")
