@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.errors import AnalysisInputError
+from analysis.points import aggregate_seeds, pooled_seed_std  # noqa: F401 - also importable from here
 from scaling import records as run_records
 
 CSV_COLUMNS = ("depth", "width", "params", "seed", "loss")
