@@ -278,6 +278,8 @@ class _PairData:
     high: pd.DataFrame
     keep: np.ndarray
     matrix: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
     x: np.ndarray
 
 
@@ -292,16 +294,15 @@ def _pair_data(points: pd.DataFrame, shallow: int, deep: int) -> _PairData | Non
     keep = (x_all >= x_deep[0] - tolerance) & (x_all <= x_deep[-1] + tolerance)
     if keep.sum() < 2:
         return None
-    matrix, _, _ = _interpolation_matrix(x_deep, x_all[keep])
-    return _PairData(low=low, high=high, keep=keep, matrix=matrix, x=x_all[keep])
+    matrix, left, right = _interpolation_matrix(x_deep, x_all[keep])
+    return _PairData(low=low, high=high, keep=keep, matrix=matrix, left=left, right=right, x=x_all[keep])
 
 
 def compare_pair(data: _PairData, shallow: int, method: str, noise: PairNoise, alpha: float) -> PairComparison:
     """Compare two depths at the shallower depth's sizes."""
     low, high, matrix = data.low[data.keep], data.high, data.matrix
-    right = np.argmax(matrix > 0, axis=0)
     n_high = high["n_seeds"].to_numpy(float)
-    n_deep = np.minimum(n_high[np.clip(right, 0, len(n_high) - 1)], n_high[np.clip(right + 1, 0, len(n_high) - 1)])
+    n_deep = np.minimum(n_high[data.left], n_high[data.right])  # the fewer seeds of the two interpolated points
     loss_deep = high["loss_mean"].to_numpy(float) @ matrix
     std_deep = high["loss_std"].to_numpy(float) @ matrix
     loss_shallow = low["loss_mean"].to_numpy(float)
