@@ -205,6 +205,8 @@ def cmd_plot(args) -> int:
                      "significance": result.significance})
     else:
         print(result.table.describe())
+        for line in [*result.table.notes, *result.rate_lines(args.all_rates)]:
+            print(line)
         for note in notes:
             print(note)
         print(f"wrote {len(paths)} files to {args.out}:")

@@ -95,7 +95,7 @@ class SweepAnalysis:
         out.append(f"significance: {self.significance}")
         for transition in self.transitions:
             out.append(transition.message)
-            if transition.noise is not None:
+            if transition.noise is not None and transition.comparison is not None:
                 out.append(f"  {transition.noise.describe()}; {transition.paper_text()}; "
                            f"{transition.crossing_text()}")
         for estimate in ESTIMATES:
