@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--all-rates", action="store_true",
                        help="list every learning rate's mean loss per shape, not only the chosen one")
     sweep.add_argument("--test", default="pooled",
-                       help="significance test for 'shallower is worse': pooled (default) or welch; "
+                       help="significance test for 'shallower is worse': pooled (default; seed std pooled per depth pair) or welch; "
                             "see analysis/transition.py")
     sweep.add_argument("--alpha", type=float, default=0.05, help="one-sided significance level (0.05)")
     sweep.add_argument("--loss-std", type=float, help="seed std in nats/token, if runs have one seed each")
