@@ -136,13 +136,15 @@ class Transition:
 
         The paper rule's error is its bracket (as in the paper); the crossing's
         is the bootstrap interval's half-width in ln d, divided by the normal
-        quantile of ``confidence``, times the width.
+        quantile of ``confidence``, times the width. A crossing that fewer than
+        half of the bootstrap replicates reproduce (the fitted line does not
+        rise in the rest) is too noisy to fit and gives None.
         """
         if which == "paper":
             return (self.width, self.width_error) if self.found else None
         if which != "crossing":
             raise AnalysisInputError(f"unknown estimate {which!r}; choose from {', '.join(ESTIMATES)}")
-        if self.crossing_width is None or not self.crossing_ci:
+        if self.crossing_width is None or not self.crossing_ci or (self.crossing_fraction or 0.0) < 0.5:
             return None
         z = stats.norm.ppf(0.5 + self.confidence / 2)
         sigma_log = (math.log(self.crossing_ci[1]) - math.log(self.crossing_ci[0])) / (2 * z)
@@ -161,6 +163,8 @@ class Transition:
         if self.crossing_ci:
             text += (f" ({self.confidence:.0%} interval {self.crossing_ci[0]:.0f}–{self.crossing_ci[1]:.0f}, "
                      f"{self.crossing_fraction:.0%} of resamples cross)")
+        if (self.crossing_fraction or 0.0) < 0.5:
+            text += "; too few resamples cross to use it in the fit"
         return text
 
     def to_dict(self) -> dict:
