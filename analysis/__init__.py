@@ -1,9 +1,12 @@
 """Analysis of depth-vs-width sweeps: records -> transitions -> fit -> projections, tables, plots.
 
-Reads run records only (it imports neither ``scaling`` nor ``sweeps``):
+Reads run records only: from the project it imports just ``scaling.records``
+(the run record's single definition, JAX-free), never the trainer or ``sweeps``.
 
-* ``results``    sweep directory or CSV -> one table; seed means
-* ``transition`` transition width ± error for each adjacent depth pair
+* ``results``    sweep directory, records or CSV -> one table, each run once
+* ``points``     one learning rate per shape; seed means and pooled noise
+* ``transition`` both transition estimates (paper rule, zero crossing) per depth pair
+* ``summary``    the whole pipeline: ``analyse(table)``, ``summarize(records)``
 * ``fit``        weighted fit of log d = a + b·L
 * ``projection`` N_tr(L) ± ΔN (eq. 9), optimal depth and width, Table 1
 * ``theory``     separation-rank bounds, L_th = log₃ d
@@ -18,12 +21,14 @@ starts without pandas or matplotlib.
 import importlib
 
 _EXPORTS = {
-    "AnalysisInputError": "errors",
+    "AnalysisInputError": "errors", "SingleSeedError": "errors",
+    "Outcome": "summary", "SweepAnalysis": "summary", "analyse": "summary", "summarize": "summary",
+    "choose_rates": "points", "rate_table": "points", "pooled_seed_std": "points",
     "LogWidthFit": "fit", "fit_log_width": "fit", "load_fit": "fit", "save_fit": "fit",
     "BUDGET_PRESETS": "projection", "FIT_PRESETS": "projection", "Budget": "projection",
     "optimal_shape": "projection", "optimal_table": "projection", "parse_params": "projection",
     "transition_params": "projection", "transition_params_error": "projection",
-    "aggregate_seeds": "results", "load_runs": "results",
+    "aggregate_seeds": "points", "load_runs": "results", "table_from_records": "results",
     "Transition": "transition", "find_transitions": "transition", "transition_points": "transition",
 }
 __all__ = sorted(_EXPORTS)

@@ -21,9 +21,11 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from analysis import projection
 from analysis.errors import AnalysisInputError
-from analysis.fit import fit_log_width, save_fit
+from analysis.fit import save_fit
 
 # The sweep commands import pandas, scipy.stats and matplotlib only when they run,
 # so `optimal`, `table` and `transition-size` start quickly.
@@ -74,15 +76,21 @@ def _fmt(value, spec, missing="–"):
 # ---------------------------------------------------------------- projections
 def cmd_optimal(args) -> int:
     fit = projection.resolve_fit(args.fit)
-    shape = projection.optimal_shape(args.params, fit)
+    shape = projection.optimal_shape(args.params, fit, head_size=args.head_size)
+    if shape.warning:
+        print(f"warning: {shape.warning}", file=sys.stderr)
     if args.json:
         _print_json(shape.to_dict())
         return 0
     print(f"budget N = {shape.params:.4g} non-embedding parameters ({_fit_banner(fit)})")
     print(f"optimal depth  {shape.depth} layers (N_tr(L) = N at L = {shape.depth_continuous:.2f}; "
-          f"N_tr ± ΔN = N gives L = {_fmt(shape.depth_low, '.1f', 'unbounded')} to "
+          f"N_tr·e^(±ΔN/N_tr) = N gives L = {_fmt(shape.depth_low, '.1f', 'unbounded')} to "
           f"{_fmt(shape.depth_high, '.1f', 'unbounded')})")
-    print(f"optimal width  {shape.width:,.0f} channels (sqrt(N / (12·{shape.depth})))")
+    if shape.depth_continuous < 1:
+        print(f"  (N_tr(1) = {float(projection.transition_params(1, fit)):.3g} > N: even one layer is too deep "
+              "for this budget under this fit)")
+    print(f"optimal width  {shape.width:,.0f} channels (sqrt(N / (12·{shape.depth}))); "
+          f"{shape.width_rounded:,} rounded to the head size {shape.head_size}")
     print(f"N_tr({shape.depth}) = {shape.n_transition:.4g} ± {shape.delta_n:.2g} parameters")
     return 0
 
@@ -104,7 +112,7 @@ def cmd_table(args) -> int:
     else:
         print(f"Optimal depth and width per budget, preset {args.preset} ({_fit_banner(fit)}). "
               f"Size N = 12·L·d² of the trained shape.\n")
-        print("| model | size N | trained L | trained d | optimal L | optimal d | L from N_tr ± ΔN |")
+        print("| model | size N | trained L | trained d | optimal L | optimal d | L from N_tr·e^(±ΔN/N_tr) |")
         print("|---|---|---|---|---|---|---|")
         for row in rows:
             print(f"| {row['name']} | {row['params']:.3g} | {_fmt(row['trained_depth'], 'd')} | "
@@ -117,15 +125,28 @@ def cmd_transition_size(args) -> int:
     fit = projection.resolve_fit(args.fit)
     rows = []
     for depth in args.depth:
-        size = float(projection.transition_params(depth, fit))
-        delta = float(projection.transition_params_error(depth, fit))
-        rows.append({"depth": depth, "n_transition": size, "delta_n": delta, "relative_error": delta / size,
-                     "width": math.sqrt(size / (12.0 * depth)), "fit": fit.name, "a": fit.a, "b": fit.b})
+        with np.errstate(over="ignore", invalid="ignore"):
+            size = float(projection.transition_params(depth, fit))
+            delta = float(projection.transition_params_error(depth, fit))
+        row = {"depth": depth, "n_transition": size, "delta_n": delta, "relative_error": delta / size,
+               "width": math.sqrt(size / (12.0 * depth)), "fit": fit.name, "a": fit.a, "b": fit.b,
+               "note": None}
+        if not all(math.isfinite(row[key]) for key in ("n_transition", "delta_n", "relative_error", "width")):
+            # JSON has no infinity: give null and say why.
+            row.update({key: None for key in ("n_transition", "delta_n", "relative_error", "width")})
+            row["note"] = f"N_tr({depth:g}) exceeds the largest floating-point number; no value"
+        warning = projection.extrapolation_warning(float(depth), fit)
+        if warning:
+            print(f"warning: L={depth:g}: {warning}", file=sys.stderr)
+        rows.append(row)
     if args.json:
         _print_json(rows[0] if len(rows) == 1 else rows)
         return 0
     print(f"N_tr(L) = 12·L·e^(2a)·e^(2bL), ΔN from the full covariance ({_fit_banner(fit)})")
     for row in rows:
+        if row["note"]:
+            print(row["note"])
+            continue
         print(f"N_tr({row['depth']:g}) = {row['n_transition']:.4g} ± {row['delta_n']:.2g} parameters "
               f"(ΔN/N = {row['relative_error']:.3f}; transition width {row['width']:,.0f})")
     return 0
@@ -134,76 +155,58 @@ def cmd_transition_size(args) -> int:
 # ---------------------------------------------------------------- sweep analysis
 def _analyse(args):
     from analysis.results import load_runs, require_depths
-    from analysis.transition import find_transitions, transition_points
+    from analysis.summary import analyse
 
-    table = load_runs(args.source, fingerprint=args.fingerprint)
+    table = load_runs(args.source, fingerprint=args.fingerprint, steps=args.steps)
     require_depths(table, 2)
-    transitions, test = find_transitions(table.runs, alpha=args.alpha, method=args.test,
-                                         loss_std=args.loss_std, n_bootstrap=args.bootstrap, seed=args.seed)
-    depths, widths, errors = transition_points(transitions)
-    if depths.size >= 2:
-        return table, transitions, test, fit_log_width(depths, widths, errors, name=Path(args.source).name), None
-    missing = [f"{t.shallow_depth}->{t.deep_depth} ({t.status})" for t in transitions if not t.found]
-    reason = (f"no transition in range for pair(s) {', '.join(missing)}" if missing else
-              f"{len(transitions)} adjacent depth pair(s) only; train more depths")
-    message = f"not enough points for the fit: found {depths.size} transition(s), need 2 or more; {reason}"
-    return table, transitions, test, None, message
+    return analyse(table, alpha=args.alpha, method=args.test, loss_std=args.loss_std,
+                   n_bootstrap=args.bootstrap, seed=args.seed, name=Path(str(args.source).rstrip("/")).name)
 
 
 def cmd_fit(args) -> int:
-    table, transitions, test, fit, message = _analyse(args)
+    result = _analyse(args)
+    fit = result.fit(args.estimate)
     if fit is not None and args.save:
         save_fit(fit, args.save)
     if args.json:
-        _print_json({"source": table.source, "runs": len(table.runs), "skipped": table.skipped,
-                     "fingerprint": table.fingerprint, "significance": test,
-                     "transitions": [t.to_dict() for t in transitions],
-                     "fit": fit.to_dict() if fit else None, "fit_message": message,
+        _print_json({**result.to_dict(), "fit": fit.to_dict() if fit else None, "estimate": args.estimate,
+                     "fit_message": result.fit_messages.get(args.estimate) or result.message or None,
                      "saved": args.save if fit is not None and args.save else None})
     else:
-        print(table.describe())
-        print(f"significance: {test}")
-        for transition in transitions:
-            line = transition.message
-            if transition.crossing_width is not None:
-                ci = transition.crossing_ci
-                line += f"; crossing at width {transition.crossing_width:.0f}"
-                if ci:
-                    line += f" (95% bootstrap CI {ci[0]:.0f}–{ci[1]:.0f})"
+        for line in result.lines(show_all_rates=args.all_rates):
             print(line)
-        print(fit.describe() if fit else message)
         if fit is not None:
             (saa, sab), (_, sbb) = fit.cov
-            print(f"cov = [[{saa:.3g}, {sab:.3g}], [{sab:.3g}, {sbb:.3g}]]")
+            print(f"cov ({args.estimate}) = [[{saa:.3g}, {sab:.3g}], [{sab:.3g}, {sbb:.3g}]]")
             if args.save:
-                print(f"saved fit to {args.save} (use it with --fit {args.save})")
+                print(f"saved the {args.estimate} fit to {args.save} (use it with --fit {args.save})")
     if fit is None and args.save:
-        print(f"nothing saved to {args.save}: no fit", file=sys.stderr)
+        print(f"nothing saved to {args.save}: no {args.estimate} fit", file=sys.stderr)
     return 0
 
 
 def cmd_plot(args) -> int:
     from analysis import plots  # matplotlib only when drawing
+    from analysis.summary import Outcome
 
-    try:
-        table, transitions, test, fit, message = _analyse(args)
-    except AnalysisInputError as error:
-        if "single seed" not in str(error):
-            raise
-        # No seed noise, so no transitions; the loss curves are still worth drawing.
-        from analysis.results import load_runs
-
-        table = load_runs(args.source, fingerprint=args.fingerprint)
-        transitions, test, fit, message = [], None, None, str(error)
+    result = _analyse(args)
+    fit = result.fit(args.estimate)
     reference = projection.resolve_fit(args.fit)
     budgets = projection.resolve_budgets(args.preset) if args.preset else ()
-    paths = plots.write_sweep_figures(table.runs, transitions, fit, args.out, reference=reference,
-                                      budgets=budgets)
-    notes = [] if fit else [f"{message}; drew {reference.name} for the N_tr(L) figures, no width-fit figure"]
+    paths = plots.write_sweep_figures(result.runs, list(result.transitions), fit, args.out, reference=reference,
+                                      budgets=budgets, estimate=args.estimate, source=result.table.source)
+    notes = []
+    if fit is None:
+        why = result.message if result.outcome is not Outcome.FITTED else result.fit_messages[args.estimate]
+        notes.append(f"{why}; drew {reference.name} (the paper's fit) for the N_tr(L) figures, "
+                     "no width-fit figure")
     if args.json:
-        _print_json({"figures": [str(p) for p in paths], "notes": notes, "significance": test})
+        _print_json({"figures": [str(p) for p in paths], "notes": notes, "outcome": result.outcome.value,
+                     "significance": result.significance})
     else:
-        print(table.describe())
+        print(result.table.describe())
+        for line in [*result.table.notes, *result.rate_lines(args.all_rates)]:
+            print(line)
         for note in notes:
             print(note)
         print(f"wrote {len(paths)} files to {args.out}:")
@@ -224,7 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     optimal.add_argument("--params", type=_params_arg, required=True,
                          help="non-embedding budget N = 12·L·d²: 175e9, 1.3B, 800M, 2T")
     optimal.add_argument("--fit", default="levine2020", help=fit_help)
-    optimal.add_argument("--json", action="store_true", help="print JSON")
+    optimal.add_argument("--head-size", type=int, default=64,
+                         help="channels per attention head; the width is also given rounded to it (64)")
+    optimal.add_argument("--json", action="store_true",
+                         help="print JSON (a warning about extrapolation still goes to stderr)")
     optimal.set_defaults(run=cmd_optimal)
 
     table = commands.add_parser("table", help="optimal shapes for a preset list of budgets (Table 1)")
@@ -243,15 +249,23 @@ def build_parser() -> argparse.ArgumentParser:
     size.set_defaults(run=cmd_transition_size)
 
     sweep = _Parser(add_help=False)
-    sweep.add_argument("source", help="sweep directory (searched for result.json) or CSV with "
-                                      "columns depth,width,params,seed,loss")
+    sweep.add_argument("source", help="sweep directory (searched for result.json) or CSV with columns "
+                                      "depth,width,params,seed,loss (optional: peak_lr,steps,lr_rule,"
+                                      "data_fingerprint)")
     sweep.add_argument("--fingerprint", help="use only runs with this data_fingerprint (prefix ok)")
+    sweep.add_argument("--steps", type=int, help="use only runs planned for this many steps")
+    sweep.add_argument("--estimate", default="crossing", choices=("crossing", "paper"),
+                       help="transition estimate to fit, save and plot: crossing (zero crossing of the loss "
+                            "difference, default) or paper (first significantly-worse size); both are printed")
+    sweep.add_argument("--all-rates", action="store_true",
+                       help="list every learning rate's mean loss per shape, not only the chosen one")
     sweep.add_argument("--test", default="pooled",
-                       help="significance test for 'shallower is worse': pooled (default) or welch; "
+                       help="significance test for 'shallower is worse': pooled (default; seed std pooled per depth pair) or welch; "
                             "see analysis/transition.py")
     sweep.add_argument("--alpha", type=float, default=0.05, help="one-sided significance level (0.05)")
     sweep.add_argument("--loss-std", type=float, help="seed std in nats/token, if runs have one seed each")
-    sweep.add_argument("--bootstrap", type=int, default=1000, help="seed resamples for the crossing CI")
+    sweep.add_argument("--bootstrap", type=int, default=1000,
+                       help="parametric bootstrap replicates for both estimates' 95%% intervals (1000)")
     sweep.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap")
     sweep.add_argument("--json", action="store_true", help="print JSON")
 

@@ -6,7 +6,10 @@ width d (channels) and the width's error Δd. The error of log d is
 The covariance is absolute (``absolute_sigma=True``): it comes from the given
 errors, not rescaled by the scatter, so it is what eq. 9's error propagation
 needs. The fit also reports R² (weighted, about the weighted mean of log d)
-and the reduced chi-square χ²/(n - 2), which needs three or more points.
+and the reduced chi-square χ²/(n - 2). Both need three or more points: a line
+through two points has no degrees of freedom left to judge it by, so they are
+None (and not printed) then. The fit remembers the depths it was made from,
+so projections can say when they extrapolate.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ class LogWidthFit:
 
     ``cov`` is the 2x2 covariance of (a, b). ``r2``, ``chi2_red`` and
     ``n_points`` describe the data the fit came from (None when unknown;
-    ``chi2_red`` is None below three points).
+    ``r2`` and ``chi2_red`` are None below three points). ``depth_range``
+    is (shallowest, deepest) depth of the fitted transitions in layers, None
+    if unknown; ``estimate`` names the transition estimate that was fitted.
     """
 
     a: float
@@ -38,6 +43,8 @@ class LogWidthFit:
     r2: float | None = None
     chi2_red: float | None = None
     n_points: int | None = None
+    depth_range: tuple | None = None
+    estimate: str | None = None
 
     def __post_init__(self):
         cov = np.asarray(self.cov, dtype=float)
@@ -46,6 +53,13 @@ class LogWidthFit:
         if not (math.isfinite(self.a) and math.isfinite(self.b)):
             raise AnalysisInputError(f"fit {self.name}: a and b must be finite, got a={self.a}, b={self.b}")
         object.__setattr__(self, "cov", tuple(tuple(float(v) for v in row) for row in cov))
+        if self.depth_range is not None:
+            object.__setattr__(self, "depth_range", tuple(float(v) for v in self.depth_range))
+
+    @property
+    def dof(self) -> int | None:
+        """Degrees of freedom left after fitting a and b (None when the point count is unknown)."""
+        return None if self.n_points is None else self.n_points - 2
 
     @property
     def sigma_a(self) -> float:
@@ -72,19 +86,22 @@ class LogWidthFit:
         """One line: a, b with errors, covariance and goodness of fit."""
         text = (f"{self.name}: a = {self.a:.4g} ± {self.sigma_a:.2g}, b = {self.b:.4g} ± {self.sigma_b:.2g}, "
                 f"cov_ab = {self.cov_ab:.3g}")
+        if self.dof is not None and self.dof < 1:
+            return text + f" ({self.n_points} points, 0 degrees of freedom: no goodness of fit)"
         if self.r2 is not None:
             text += f", R² = {self.r2:.4f}"
         if self.chi2_red is not None:
             text += f", χ²_red = {self.chi2_red:.3f}"
         if self.n_points is not None:
-            text += f" ({self.n_points} points)"
+            text += f" ({self.n_points} points, {self.dof} degree{'s' if self.dof != 1 else ''} of freedom)"
         return text
 
     def to_dict(self) -> dict:
         """JSON-ready dict with a, b, cov and the goodness-of-fit fields."""
         return {"name": self.name, "a": self.a, "b": self.b, "cov": [list(row) for row in self.cov],
                 "sigma_a": self.sigma_a, "sigma_b": self.sigma_b, "r2": self.r2,
-                "chi2_red": self.chi2_red, "n_points": self.n_points}
+                "chi2_red": self.chi2_red, "n_points": self.n_points, "dof": self.dof,
+                "depth_range": list(self.depth_range) if self.depth_range else None, "estimate": self.estimate}
 
 
 def _line(depth, a, b):
@@ -96,7 +113,7 @@ def _line_jacobian(depth, a, b):
     return np.stack([np.ones_like(depth), depth], axis=1)
 
 
-def fit_log_width(depths, widths, width_errors, name: str = "fit") -> LogWidthFit:
+def fit_log_width(depths, widths, width_errors, name: str = "fit", estimate: str | None = None) -> LogWidthFit:
     """Weighted fit of log d = a + b·L with absolute errors σ_log d = Δd / d.
 
     ``depths`` in layers, ``widths`` and ``width_errors`` in channels (one per
@@ -121,10 +138,11 @@ def fit_log_width(depths, widths, width_errors, name: str = "fit") -> LogWidthFi
     chi2 = float(np.sum(weights * residual ** 2))
     mean = np.average(log_width, weights=weights)
     spread = float(np.sum(weights * (log_width - mean) ** 2))
-    r2 = 1.0 - chi2 / spread if spread > 0 else None
     dof = depths.size - 2
+    r2 = 1.0 - chi2 / spread if spread > 0 and dof >= 1 else None
     return LogWidthFit(a=float(a), b=float(b), cov=cov, name=name, r2=r2,
-                       chi2_red=chi2 / dof if dof >= 1 else None, n_points=int(depths.size))
+                       chi2_red=chi2 / dof if dof >= 1 else None, n_points=int(depths.size),
+                       depth_range=(float(depths.min()), float(depths.max())), estimate=estimate)
 
 
 def save_fit(fit: LogWidthFit, path) -> None:
@@ -147,6 +165,7 @@ def load_fit(path) -> LogWidthFit:
     try:
         return LogWidthFit(a=float(data["a"]), b=float(data["b"]), cov=data["cov"],
                            name=data.get("name") or path.stem, r2=data.get("r2"),
-                           chi2_red=data.get("chi2_red"), n_points=data.get("n_points"))
+                           chi2_red=data.get("chi2_red"), n_points=data.get("n_points"),
+                           depth_range=data.get("depth_range"), estimate=data.get("estimate"))
     except (TypeError, ValueError) as error:
         raise AnalysisInputError(f"{path}: bad fit values ({error})") from None

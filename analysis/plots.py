@@ -5,7 +5,13 @@
 * ``plot_width_fit``: transition widths log d against L with error bars and
   the weighted fit with its one-sigma band (Fig. 3a).
 * ``plot_transition_size``: N_tr(L) with its ±ΔN band out to L = 100, with
-  trained models and measured transitions marked (Figs. 3b and 4).
+  GPT-3's trained shapes and the sweep's measured transitions marked (Figs.
+  3b and 4). The band is N_tr·e^(±ΔN/N_tr), eq. 9's ±ΔN taken in ln N, so it
+  stays on a log axis where the first-order ΔN exceeds N_tr.
+
+Every figure says whose data it shows: the user's runs are labelled "your
+runs" with the sweep's name, and the paper's fit and GPT-3's shapes are
+labelled as the paper's.
 * ``plot_threshold``: the empirical transition depth (ln d - a)/b against
   the theory's threshold L_th = log₃ d (section 4).
 
@@ -20,11 +26,24 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
 from analysis import projection, theory
 from analysis.fit import LogWidthFit
-from analysis.results import aggregate_seeds
+from analysis.points import aggregate_seeds
 from analysis.transition import Transition, transition_points
+
+
+def _log_x(ax):
+    """Log x axis whose labels cannot overlap: decades, plus a few minor ticks only when it spans under one."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10.0, numticks=8))
+    # Label a subset of minor ticks below one decade, never all of them (the crowded default).
+    ax.xaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(1.0, 0.0)))
+
+
+def _fit_label(fit: LogWidthFit) -> str:
+    return f"{fit.name} (the paper's eq. 10)" if fit.name == "levine2020" else f"{fit.name} (your runs)"
 
 
 def save_figure(fig, out_dir, stem: str) -> list[Path]:
@@ -37,7 +56,7 @@ def save_figure(fig, out_dir, stem: str) -> list[Path]:
     return paths
 
 
-def plot_depth_pair(runs, transition: Transition, axes=None):
+def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your runs"):
     """Loss against N (parameters) for one depth pair, and their difference below it.
 
     Top: seed-mean loss (nats/token) ± seed std of both depths. Bottom: the
@@ -53,7 +72,7 @@ def plot_depth_pair(runs, transition: Transition, axes=None):
     for depth, colour in ((transition.shallow_depth, "tab:blue"), (transition.deep_depth, "tab:red")):
         rows = points[points["depth"] == depth]
         top.errorbar(rows["params"], rows["loss_mean"], yerr=rows["loss_std"].fillna(0.0), fmt="o-",
-                     ms=3.5, lw=1.2, capsize=2, color=colour, label=f"L = {depth}")
+                     ms=3.5, lw=1.2, capsize=2, color=colour, label=f"your runs, L = {depth}")
     comparison = transition.comparison
     if comparison is not None:
         threshold = comparison.critical * comparison.se
@@ -65,88 +84,93 @@ def plot_depth_pair(runs, transition: Transition, axes=None):
     for ax in axes:
         if transition.found:
             ax.axvspan(transition.params_before, transition.params_after, color="0.55", alpha=0.35,
-                       label="transition bracket" if ax is top else None)
+                       label="paper rule's bracket" if ax is top else None)
         if transition.crossing_ci:
             low, high = (12.0 * transition.shallow_depth * w ** 2 for w in transition.crossing_ci)
             ax.axvspan(low, high, color="tab:orange", alpha=0.35,
-                       label="crossing 95% CI" if ax is top else None)
-        ax.set_xscale("log")
+                       label=f"zero crossing, {transition.confidence:.0%} interval" if ax is top else None)
+        _log_x(ax)
     bottom.set_xlabel("non-embedding parameters N = 12·L·d²")
     top.set_ylabel("eval loss (nats/token)")
     bottom.set_ylabel("loss difference")
-    top.set_title(f"L = {transition.shallow_depth} vs L = {transition.deep_depth}: {transition.status}")
+    top.set_title(f"{source}: L = {transition.shallow_depth} vs L = {transition.deep_depth} "
+                  f"(paper rule: {transition.status})", fontsize=9)
     top.legend(fontsize=8)
     bottom.legend(fontsize=7, loc="upper left")
     return axes
 
 
-def plot_width_fit(transitions, fit: LogWidthFit, ax=None):
-    """Transition widths as log d against L (with σ = Δd/d bars) and the fitted line ± 1σ."""
+def plot_width_fit(transitions, fit: LogWidthFit, ax=None, estimate: str = "crossing"):
+    """Transition widths (``estimate``) as log d against L with σ = Δd/d bars, and the fitted line ± 1σ."""
     if ax is None:
         ax = Figure(figsize=(5.2, 3.8)).subplots()
-    depth, width, error = transition_points(transitions)
+    depth, width, error = transition_points(transitions, estimate)
     ax.errorbar(depth, np.log(width), yerr=error / width, fmt="o", color="k", capsize=3,
-                label="measured transition widths")
+                label=f"your runs: transition widths ({estimate} estimate)")
     grid = np.linspace(0.0, max(depth.max() if depth.size else 50.0, 10.0) * 1.1, 200)
     line, band = fit.log_width(grid), fit.log_width_error(grid)
     ax.plot(grid, line, color="tab:green", label=f"log d = {fit.a:.3f} + {fit.b:.4f}·L")
     ax.fill_between(grid, line - band, line + band, color="tab:green", alpha=0.2, label="fit ± 1σ")
     ax.set_xlabel("depth L (shallower of the pair)")
     ax.set_ylabel("ln(transition width d)")
-    title = fit.name
-    if fit.r2 is not None:
-        title += f"  R² = {fit.r2:.3f}"
-    if fit.chi2_red is not None:
-        title += f", χ²_red = {fit.chi2_red:.2f}"
-    ax.set_title(title)
+    title = f"fit to your runs: {fit.name}"
+    if fit.dof is not None and fit.dof < 1:
+        title += f"\n{fit.n_points} points, 0 degrees of freedom: no goodness of fit"
+    elif fit.r2 is not None:
+        title += f"\nR² = {fit.r2:.3f}" + (f", χ²_red = {fit.chi2_red:.2f}" if fit.chi2_red is not None else "")
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     return ax
 
 
 def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth: float = 100.0,
-                         reference: LogWidthFit | None = None, ax=None):
+                         reference: LogWidthFit | None = None, ax=None, estimate: str = "crossing",
+                         title: str | None = None):
     """N_tr(L) (parameters) with the ±ΔN band up to ``max_depth`` layers.
 
-    ``budgets`` with a trained shape are marked at (trained depth, N) and
-    their optimal shape drawn as an open marker; ``transitions`` that were
-    found are marked at (L, 12·L·d²); ``reference`` (another fit) is drawn
-    dashed. Where the first-order ΔN exceeds N the band runs to the bottom.
+    ``budgets`` with a trained shape (the paper's GPT-3 shapes) are marked
+    at (trained depth, N) and their optimal shape under ``fit`` drawn as an
+    open marker; ``transitions`` (the user's, ``estimate``) are marked at
+    (L, 12·L·d²); ``reference`` (another fit) is drawn dashed. The band is
+    N_tr·e^(±ΔN/N_tr), which stays positive on the log axis.
     """
     if ax is None:
         ax = Figure(figsize=(6.0, 4.2)).subplots()
     grid = np.linspace(1.0, max_depth, 400)
-    size, delta = projection.transition_params(grid, fit), projection.transition_params_error(grid, fit)
-    bottom = size.min() / 10.0
-    ax.plot(grid, size, color="tab:green", label=f"N_tr(L), {fit.name}")
-    ax.fill_between(grid, np.where(size > delta, size - delta, bottom), size + delta, color="tab:green",
-                    alpha=0.25, label="± ΔN")
+    size = projection.transition_params(grid, fit)
+    low, high = projection.transition_band(grid, fit)
+    ax.plot(grid, size, color="tab:green", label=f"N_tr(L), {_fit_label(fit)}")
+    ax.fill_between(grid, low, high, color="tab:green", alpha=0.25, label="± ΔN (eq. 9, in ln N)")
     if reference is not None and reference != fit:
         ax.plot(grid, projection.transition_params(grid, reference), color="0.3", ls="--",
-                label=f"N_tr(L), {reference.name}")
+                label=f"N_tr(L), {_fit_label(reference)}")
     trained = [b for b in budgets if b.trained_depth]
     if trained:
         ax.scatter([b.trained_depth for b in trained], [b.params for b in trained], marker="x",
-                   color="tab:red", zorder=3, label="trained shapes")
+                   color="tab:red", zorder=3, label="GPT-3's trained shapes (paper's Table 1)")
     for budget in budgets:
         shape = projection.optimal_shape(budget.params, fit)
         ax.scatter([shape.depth], [budget.params], marker="o", facecolor="none", edgecolor="tab:blue",
-                   zorder=3, label="optimal depth" if budget is budgets[0] else None)
+                   zorder=3, label=f"optimal depth for those budgets under {fit.name}"
+                   if budget is budgets[0] else None)
         if budget.trained_depth:
             ax.annotate("", xy=(shape.depth, budget.params), xytext=(budget.trained_depth, budget.params),
                         arrowprops={"arrowstyle": "->", "color": "0.5", "lw": 0.8})
-    depth, width, error = transition_points(list(transitions))
+    depth, width, error = transition_points(list(transitions), estimate)
+    floor = low.min()
     if depth.size:
         measured = 12.0 * depth * width ** 2
-        spread = 24.0 * depth * width * error  # dN = 24·L·d·Δd
-        ax.errorbar(depth, measured, yerr=spread, fmt="s", color="k", ms=4, capsize=2,
-                    label="measured transitions")
+        relative = 2.0 * error / width  # ΔN/N = 2·Δd/d, drawn in ln N like the band
+        ax.errorbar(depth, measured, yerr=(measured * (1 - np.exp(-relative)), measured * (np.exp(relative) - 1)),
+                    fmt="s", color="k", ms=4, capsize=2, label=f"your runs: measured transitions ({estimate})")
+        floor = min(floor, float(measured.min()) * np.exp(-relative.max()))
     ax.set_yscale("log")
-    ax.set_ylim(bottom=bottom)
+    ax.set_ylim(bottom=floor / 3.0)
     ax.set_xlim(0, max_depth)
     ax.set_xlabel("depth L")
     ax.set_ylabel("non-embedding parameters N")
-    ax.set_title("above the curve: too shallow; below: too deep")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title or "above the curve: too shallow; below: too deep", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
     return ax
 
 
@@ -156,19 +180,19 @@ def plot_threshold(fit: LogWidthFit, widths=None, ax=None):
         ax = Figure(figsize=(5.2, 3.8)).subplots()
     widths = np.geomspace(16, 65536, 200) if widths is None else np.asarray(widths, dtype=float)
     ax.plot(widths, (np.log(widths) - fit.a) / fit.b, color="tab:green",
-            label=f"measured transition, {fit.name}: (ln d - a)/b")
+            label=f"transition depth (ln d - a)/b, {_fit_label(fit)}")
     ax.plot(widths, theory.depth_threshold(widths), color="tab:purple", ls="--",
             label="theory threshold L_th = log₃ d")
-    ax.set_xscale("log")
+    _log_x(ax)
     ax.set_ylim(bottom=0)
-    ax.set_title("depth at which width d stops sufficing")
+    ax.set_title("depth at which width d stops sufficing", fontsize=9)
     ax.set_xlabel("width d")
     ax.set_ylabel("depth L")
     ax.legend(fontsize=8)
     return ax
 
 
-def plot_loss_curves(runs, ax=None):
+def plot_loss_curves(runs, ax=None, source: str = "your runs"):
     """Seed-mean eval loss (nats/token, ± seed std) against N = 12·L·d² for every depth of a sweep."""
     if ax is None:
         ax = Figure(figsize=(5.4, 3.8)).subplots()
@@ -177,33 +201,38 @@ def plot_loss_curves(runs, ax=None):
         rows = points[points["depth"] == depth].sort_values("params")
         ax.errorbar(rows["params"], rows["loss_mean"], yerr=rows["loss_std"].fillna(0.0), fmt="o-", ms=3.5,
                     lw=1.2, capsize=2, label=f"L = {depth}")
-    ax.set_xscale("log")
+    _log_x(ax)
     ax.set_xlabel("non-embedding parameters N = 12·L·d²")
     ax.set_ylabel("eval loss (nats/token)")
-    ax.set_title("loss against size, by depth")
+    ax.set_title(f"{source}: loss against size, by depth (mean ± std over seeds)", fontsize=9)
     ax.legend(fontsize=8)
     return ax
 
 
 def write_sweep_figures(runs, transitions, fit: LogWidthFit | None, out_dir, reference: LogWidthFit,
-                        budgets=()) -> list[Path]:
+                        budgets=(), estimate: str = "crossing", source: str = "your runs") -> list[Path]:
     """All figures for a sweep: one per depth pair, the width fit (if ``fit``), N_tr(L) over the
     sweep's depths, its projection to L = 100 with ``budgets`` marked, and the threshold.
 
-    ``reference`` is drawn when the data gave no fit of its own. Returns the
-    written paths (PNG and PDF for each figure).
+    ``runs`` has one learning rate per shape. ``reference`` (the paper's fit
+    by default) is drawn when the data gave no fit of its own, and labelled
+    as such. Returns the written paths (PNG and PDF for each figure).
     """
-    paths = save_figure(plot_loss_curves(runs).figure, out_dir, "loss_vs_size")
+    label = f"your runs ({Path(str(source).rstrip('/')).name})"
+    paths = save_figure(plot_loss_curves(runs, source=label).figure, out_dir, "loss_vs_size")
     for transition in transitions:
-        paths += save_figure(plot_depth_pair(runs, transition)[0].figure, out_dir,
+        paths += save_figure(plot_depth_pair(runs, transition, source=label)[0].figure, out_dir,
                              f"pair_L{transition.shallow_depth}_L{transition.deep_depth}")
     if fit is not None:
-        paths += save_figure(plot_width_fit(transitions, fit).figure, out_dir, "width_fit")
+        paths += save_figure(plot_width_fit(transitions, fit, estimate=estimate).figure, out_dir, "width_fit")
     shown = fit or reference
+    whose = "fit to your runs" if fit is not None else "the paper's fit (your runs gave none)"
     deepest = max(t.deep_depth for t in transitions) if transitions else 50
-    paths += save_figure(plot_transition_size(shown, transitions=transitions, max_depth=1.25 * deepest).figure,
-                         out_dir, "transition_size")
-    paths += save_figure(plot_transition_size(shown, budgets=budgets, transitions=transitions,
-                                              reference=reference).figure, out_dir, "projection")
+    paths += save_figure(plot_transition_size(
+        shown, transitions=transitions, max_depth=1.25 * deepest, estimate=estimate,
+        title=f"N_tr(L) over your depths, {whose}").figure, out_dir, "transition_size")
+    paths += save_figure(plot_transition_size(
+        shown, budgets=budgets, transitions=transitions, reference=reference, estimate=estimate,
+        title=f"projection to L = 100, {whose}; GPT-3 shapes from the paper").figure, out_dir, "projection")
     paths += save_figure(plot_threshold(shown).figure, out_dir, "threshold")
     return paths

@@ -5,8 +5,14 @@ stops being too shallow is N_tr(L) = 12·L·e^{2a}·e^{2bL} parameters. Its erro
 comes from first-order propagation with the full covariance of (a, b), using
 ∂N/∂a = 2N and ∂N/∂b = 2L·N. Above the curve a net is too shallow for its
 size; below it, too deep. So the best depth for a budget N is the root of
-N_tr(L) = N, and the best width is sqrt(N / (12·L)). The roots of
-N_tr(L) ± ΔN(L) = N bound that depth.
+N_tr(L) = N, and the best width is sqrt(N / (12·L)).
+
+The band around N_tr is drawn and solved in ln N: ln N_tr ± ΔN/N_tr, i.e.
+N_tr·e^(±ΔN/N_tr). To first order this is eq. 9's N_tr ± ΔN, but it stays
+positive where the first-order ΔN exceeds N_tr (as it does at large L for
+a fit from a few noisy transitions), so it can be drawn on a log axis and
+always bounds the depth:
+the roots of N_tr(L)·e^(±ΔN/N_tr) = N give ``depth_low`` and ``depth_high``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ from analysis.errors import AnalysisInputError
 
 # Eq. 10 of Levine et al. 2020, with their reported goodness of fit.
 FIT_PRESETS = {
+    # Its six transitions are those of the shallower nets of the paper's adjacent depth pairs
+    # (networks of depths 6 to 48), so the fit covers L = 6 to 36.
     "levine2020": LogWidthFit(a=5.039, b=5.55e-2, cov=((9.4e-4, -3.74e-5), (-3.74e-5, 1.7e-6)),
-                              name="levine2020", r2=0.998, chi2_red=0.854, n_points=6),
+                              name="levine2020", r2=0.998, chi2_red=0.854, n_points=6,
+                              depth_range=(6.0, 36.0), estimate="paper"),
 }
 
 
@@ -105,6 +114,14 @@ def transition_params_error(depth, fit: LogWidthFit):
     return 2.0 * size * fit.log_width_error(depth)
 
 
+def transition_band(depth, fit: LogWidthFit):
+    """(low, high) edges N_tr·e^(∓ΔN/N_tr) in parameters: the ±ΔN band in ln N, positive everywhere."""
+    depth = np.asarray(depth, dtype=float)
+    size = transition_params(depth, fit)
+    relative = 2.0 * fit.log_width_error(depth)  # ΔN / N_tr
+    return size * np.exp(-relative), size * np.exp(relative)
+
+
 def _root_in_depth(gap, max_depth: float = 1e4) -> float:
     """Smallest depth in (0, max_depth] where ``gap`` changes sign from < 0 to >= 0; nan if none."""
     grid = np.concatenate([np.geomspace(1e-3, 1.0, 30, endpoint=False), np.linspace(1.0, max_depth, 20000)])
@@ -134,9 +151,12 @@ class OptimalShape:
     """Optimal depth (layers) and width (channels) for a budget of ``params`` parameters.
 
     ``depth`` is the integer depth next to the continuous root
-    ``depth_continuous`` whose N_tr is nearest N; ``width`` = sqrt(N / (12·depth)). ``depth_low`` and
-    ``depth_high`` solve N_tr ± ΔN = N (nan if no root). ``n_transition`` and
-    ``delta_n`` are N_tr and ΔN at the integer depth.
+    ``depth_continuous`` whose N_tr is nearest N; ``width`` = sqrt(N / (12·depth)) and
+    ``width_rounded`` that width rounded to a multiple of ``head_size``
+    channels. ``depth_low`` and ``depth_high`` solve N_tr·e^(±ΔN/N_tr) = N.
+    ``n_transition`` and ``delta_n`` are N_tr and ΔN at the integer depth.
+    ``warning`` says when the depth lies outside the depths the fit was made
+    from (an extrapolation), else None.
     """
 
     params: float
@@ -150,6 +170,9 @@ class OptimalShape:
     fit: str
     a: float
     b: float
+    width_rounded: int = 0
+    head_size: int = 0
+    warning: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict (nan becomes None)."""
@@ -157,8 +180,25 @@ class OptimalShape:
                 for key, value in dataclasses.asdict(self).items()}
 
 
-def optimal_shape(params: float, fit: LogWidthFit) -> OptimalShape:
-    """Optimal depth and width for ``params`` non-embedding parameters under ``fit``."""
+def extrapolation_warning(depth: float, fit: LogWidthFit) -> str | None:
+    """A one-line warning when ``depth`` (layers) lies outside ``fit.depth_range``; None inside it."""
+    if not fit.depth_range:
+        return None
+    low, high = fit.depth_range
+    if low - 0.5 <= depth <= high + 0.5:
+        return None
+    side = "below" if depth < low else "above"
+    return (f"extrapolated: depth {depth:.3g} lies {side} the depths L = {low:g} to {high:g} that fit "
+            f"{fit.name} was made from; treat the result as a guess")
+
+
+def optimal_shape(params: float, fit: LogWidthFit, head_size: int = 64) -> OptimalShape:
+    """Optimal depth and width for ``params`` non-embedding parameters under ``fit``.
+
+    ``head_size`` (channels per attention head) sets the rounding of ``width_rounded``.
+    """
+    if not (isinstance(head_size, int) and head_size >= 1):
+        raise AnalysisInputError(f"head size must be a positive integer number of channels, got {head_size!r}")
     if not params > 0:
         raise AnalysisInputError(f"parameter count must be positive, got {params}")
     if not fit.b > 0:
@@ -169,16 +209,18 @@ def optimal_shape(params: float, fit: LogWidthFit) -> OptimalShape:
         raise AnalysisInputError(f"no depth up to 10,000 layers has N_tr(L) = {params:.3g}")
     depth = _nearest_depth(centre, params, fit)
 
-    def band(sign):
-        return lambda d: transition_params(d, fit) + sign * transition_params_error(d, fit) - params
+    def band(edge):
+        return lambda d: np.log(transition_band(d, fit)[edge]) - log_n
 
+    width = math.sqrt(params / (12.0 * depth))
     return OptimalShape(
-        params=float(params), depth=depth, depth_continuous=centre,
-        width=float(math.sqrt(params / (12.0 * depth))),
-        depth_low=_root_in_depth(band(+1)), depth_high=_root_in_depth(band(-1)),
+        params=float(params), depth=depth, depth_continuous=centre, width=float(width),
+        depth_low=_root_in_depth(band(1)), depth_high=_root_in_depth(band(0)),
         n_transition=float(transition_params(depth, fit)),
         delta_n=float(transition_params_error(depth, fit)),
-        fit=fit.name, a=fit.a, b=fit.b)
+        fit=fit.name, a=fit.a, b=fit.b,
+        width_rounded=int(max(1, round(width / head_size)) * head_size), head_size=head_size,
+        warning=extrapolation_warning(centre, fit))
 
 
 def resolve_budgets(preset: str):

@@ -1,15 +1,24 @@
-"""Run records -> one table of (depth, width, params, seed, loss), then seed means.
+"""Run records -> one table of runs, each counted once and labelled with what it was trained with.
 
 Two inputs are accepted, each a local path or a URL such as
-``gs://bucket/sweeps/paper`` (read through fsspec, the layer under the
-trainer's ``etils.epath``; ``gs://`` needs gcsfs, part of the ``tpu`` extra):
+``gs://bucket/sweeps/paper`` (read through fsspec; ``gs://`` needs gcsfs,
+part of the ``tpu`` extra):
 
-* a sweep directory, searched recursively for the ``result.json`` records the
-  trainer writes. Only runs with ``status == "finished"`` enter the table; the
-  others are counted by status so the caller can say what was skipped. Runs
-  trained on different text (distinct ``data_fingerprint``) are never mixed:
-  loading refuses unless one fingerprint is selected.
-* a CSV with the columns ``depth, width, params, seed, loss``.
+* a sweep directory, searched recursively for ``result.json`` records, each
+  validated by ``scaling.records`` (the record's single definition). Only
+  ``finished`` runs enter the table; the others are listed per shape in
+  ``RunTable.unfinished``. A record copied into a second directory has the
+  same ``run_id`` and is counted once. Records written before the record
+  carried ``peak_lr`` and ``planned_steps`` take them from the ``config.json``
+  beside them.
+* a CSV with the columns ``depth, width, params, seed, loss`` and optionally
+  ``peak_lr``, ``steps``, ``lr_rule`` and ``data_fingerprint``. Repeated
+  identical rows are collapsed (and said so); two rows for the same run with
+  different losses are refused.
+
+Runs trained on different data or for different numbers of steps are never
+mixed: loading refuses unless one is chosen (``fingerprint=``, ``steps=``).
+Learning rates may differ; ``analysis.points`` chooses one per shape.
 
 Throughout, ``params`` is the non-embedding size N = 12·L·d² (parameters),
 ``width`` is d_x (channels) and ``loss`` is the eval loss (nats per token).
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import math
 import posixpath
@@ -28,26 +38,38 @@ import numpy as np
 import pandas as pd
 
 from analysis.errors import AnalysisInputError
+from analysis.points import aggregate_seeds, pooled_seed_std  # noqa: F401 - also importable from here
+from scaling import records as run_records
 
 CSV_COLUMNS = ("depth", "width", "params", "seed", "loss")
-RECORD_FIELDS = ("status", "depth", "width", "seed", "final_eval_loss")
+# Optional CSV columns and the value a missing one stands for.
+CSV_OPTIONAL = {"peak_lr": math.nan, "steps": math.nan, "lr_rule": "", "data_fingerprint": ""}
+# One row per finished run: what was trained, with what, and the result.
+RUN_COLUMNS = CSV_COLUMNS + ("peak_lr", "lr_rule", "steps", "data", "point", "run_id", "name")
 # A CSV's params column may carry rounding; anything further off is not 12·L·d².
 _PARAMS_TOLERANCE = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
 class RunTable:
-    """Per-run rows plus what was left out while loading.
+    """Finished runs, one row each, plus what was left out while loading.
 
-    ``runs`` has one row per finished run with the columns of ``CSV_COLUMNS``
-    (params = 12·L·d² in parameters, loss in nats per token). ``skipped``
-    counts left-out runs by reason (e.g. ``{"diverged": 2}``).
+    ``runs`` has the columns of ``RUN_COLUMNS``: params = 12·L·d²
+    (parameters), loss in nats per token, ``peak_lr`` (NaN if unknown),
+    ``steps`` (planned optimiser steps, NaN if unknown), ``data`` (data
+    fingerprint), ``point`` (identical for runs that differ only by seed).
+    ``skipped`` counts left-out records by reason; ``unfinished`` lists runs
+    that did not finish (depth, width, seed, status, name); ``notes`` holds
+    one-line messages about what loading changed (duplicates collapsed...).
     """
 
     runs: pd.DataFrame
     source: str
     skipped: dict
     fingerprint: str | None = None
+    steps: int | None = None
+    unfinished: pd.DataFrame | None = None
+    notes: tuple = ()
 
     def describe(self) -> str:
         """One line: how many runs, depths and seeds were loaded, and what was skipped."""
@@ -56,10 +78,22 @@ class RunTable:
         text = (f"loaded {len(self.runs)} runs from {self.source}: depths {depths}, "
                 f"{self.runs.groupby('depth')['width'].nunique().max()} widths at most per depth, "
                 f"{seeds} distinct seeds")
+        if self.steps is not None:
+            text += f", {self.steps} steps"
         if self.skipped:
             parts = ", ".join(f"{count} {reason}" for reason, count in sorted(self.skipped.items()))
             text += f"; skipped {sum(self.skipped.values())} ({parts})"
         return text
+
+    def unfinished_lines(self) -> list[str]:
+        """One line per shape with runs that did not finish: which seeds and why."""
+        if self.unfinished is None or self.unfinished.empty:
+            return []
+        lines = []
+        for (depth, width), group in self.unfinished.groupby(["depth", "width"]):
+            runs = ", ".join(f"seed {row.seed} {row.status}" for row in group.itertuples())
+            lines.append(f"L={depth}, d={width}: {runs}")
+        return lines
 
 
 def non_embedding_params(depth, width):
@@ -67,12 +101,13 @@ def non_embedding_params(depth, width):
     return 12.0 * np.asarray(depth, dtype=float) * np.asarray(width, dtype=float) ** 2
 
 
-def load_runs(source, fingerprint: str | None = None) -> RunTable:
+def load_runs(source, fingerprint: str | None = None, steps: int | None = None) -> RunTable:
     """Load a sweep directory or a CSV file into a ``RunTable``.
 
-    ``fingerprint`` selects the runs of one ``data_fingerprint`` (a prefix is
-    enough) when a sweep directory holds several. Raises ``AnalysisInputError``
-    with a one-line reason for anything unusable.
+    ``fingerprint`` selects the runs of one data fingerprint (a prefix is
+    enough), ``steps`` the runs of one planned step count, when the input
+    holds several. Raises ``AnalysisInputError`` with a one-line reason for
+    anything unusable.
     """
     try:
         fs, path = fsspec.core.url_to_fs(str(source))
@@ -81,14 +116,135 @@ def load_runs(source, fingerprint: str | None = None) -> RunTable:
     if not fs.exists(path):
         raise AnalysisInputError(f"{source}: no such file or directory")
     if fs.isdir(path):
-        table = _load_sweep_dir(fs, path, str(source), fingerprint)
+        found, skipped, unfinished, notes = _read_sweep_dir(fs, path, str(source))
     else:
-        table = _load_csv(fs, path, str(source))
-    _validate(table.runs, str(source))
-    return table
+        found, skipped, unfinished, notes = _load_csv(fs, path, str(source)), {}, None, []
+    return select(found, str(source), fingerprint, steps, skipped, unfinished, notes)
 
 
-def _load_csv(fs, file: str, path: str) -> RunTable:
+def table_from_records(records, source: str = "records", fingerprint: str | None = None,
+                       steps: int | None = None) -> RunTable:
+    """A ``RunTable`` from ``scaling.records.RunRecord`` objects (or their dicts), e.g. the launcher's."""
+    parsed = []
+    for index, record in enumerate(records):
+        if not isinstance(record, run_records.RunRecord):
+            try:
+                record = run_records.from_dict(record, f"{source} record {index}")
+            except run_records.RecordError as error:
+                raise AnalysisInputError(str(error)) from None
+        parsed.append((f"{source}/{record.run_id}", record, {}))
+    frame, skipped, unfinished, notes = _rows_from_records(parsed, source)
+    return select(frame, source, fingerprint, steps, skipped, unfinished, notes)
+
+
+# ---------------------------------------------------------------- sweep directories
+def _read_sweep_dir(fs, directory: str, root: str):
+    # One recursive listing (a single request on an object store), not a walk.
+    found = sorted(fs.glob(directory.rstrip("/") + "/**/" + run_records.RECORD_FILE))
+    if not found:
+        raise AnalysisInputError(f"{root}: no result.json records found under this directory")
+    parsed, notes = [], []
+    unreadable = 0
+    for found_file in found:
+        file = root.rstrip("/") + found_file[len(directory.rstrip("/")):]  # as the caller named it
+        try:
+            data = json.loads(fs.cat_file(found_file))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            unreadable += 1
+            notes.append(f"{file}: skipped, not valid JSON ({type(error).__name__})")
+            continue
+        try:
+            record = run_records.from_dict(data, file)
+        except run_records.RecordError as error:  # decodable but invalid: bad data, not a partial write
+            raise AnalysisInputError(str(error)) from None
+        parsed.append((file, record, _legacy_config(fs, found_file, record)))
+    frame, skipped, unfinished, more_notes = _rows_from_records(parsed, root)
+    if unreadable:
+        skipped["unreadable record"] = unreadable
+    return frame, skipped, unfinished, notes + more_notes
+
+
+def _legacy_config(fs, record_file: str, record) -> dict:
+    """The run's config.json, needed only for records older than ``peak_lr``/``planned_steps``."""
+    if record.point_id and record.planned_steps is not None:
+        return {}
+    config_file = posixpath.join(posixpath.dirname(record_file), "config.json")
+    try:
+        data = json.loads(fs.cat_file(config_file))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _rows_from_records(parsed, root: str):
+    """Rows of finished runs (each run_id once), skip counts, unfinished runs and notes."""
+    skipped, notes = collections.Counter(), []
+    seen: dict[str, str] = {}
+    rows, unfinished = [], []
+    for file, record, config in parsed:
+        if record.run_id in seen:
+            skipped["duplicate run_id"] += 1
+            notes.append(f"{file}: same run_id {record.run_id} as {seen[record.run_id]}; counted once")
+            continue
+        seen[record.run_id] = file
+        name = record.name or posixpath.basename(posixpath.dirname(file))
+        if record.status != "finished":
+            skipped[record.status] += 1
+            unfinished.append({"depth": record.depth, "width": record.width, "seed": record.seed,
+                               "status": record.status, "name": name})
+            continue
+        optim = config.get("optim", {}) if isinstance(config.get("optim"), dict) else {}
+        peak_lr = record.peak_lr if record.peak_lr is not None else optim.get("peak_lr", record.peak_lr_hidden)
+        steps = record.planned_steps if record.planned_steps is not None else config.get("steps", record.steps)
+        rows.append({"depth": record.depth, "width": record.width,
+                     "params": float(non_embedding_params(record.depth, record.width)),
+                     "seed": record.seed, "loss": record.final_eval_loss,
+                     "peak_lr": math.nan if peak_lr is None else float(peak_lr),
+                     "lr_rule": record.lr_rule or str(optim.get("lr_rule", "")),
+                     "steps": float(steps), "data": record.data_fingerprint or "unknown",
+                     "point": record.point_id, "run_id": record.run_id, "name": name})
+    if not rows:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
+        raise AnalysisInputError(f"{root}: no finished runs among {len(parsed)} records ({reasons})")
+    frame = pd.DataFrame(rows)
+    frame["point"] = _fill_legacy_points(frame)
+    columns = ["depth", "width", "seed", "status", "name"]
+    return frame[list(RUN_COLUMNS)], dict(skipped), pd.DataFrame(unfinished, columns=columns), notes
+
+
+def _setting_key(row) -> tuple:
+    return (row.depth, row.width, row.lr_rule, _lr_text(row.peak_lr), row.steps, row.data)
+
+
+def _fill_legacy_points(frame: pd.DataFrame) -> list[str]:
+    """Records without ``point_id`` join the one point of their setting, or get one from it.
+
+    Such records predate ``point_id``; they are told apart only by the fields
+    they have (shape, learning rate and rule, steps, data).
+    """
+    by_setting = collections.defaultdict(set)
+    for row in frame.itertuples():
+        if row.point:
+            by_setting[_setting_key(row)].add(row.point)
+    points = []
+    for row in frame.itertuples():
+        if row.point:
+            points.append(row.point)
+            continue
+        known = by_setting.get(_setting_key(row), set())
+        if len(known) == 1:
+            points.append(next(iter(known)))
+        else:
+            points.append("legacy-" + hashlib.sha256(repr(_setting_key(row)).encode()).hexdigest()[:12])
+    return points
+
+
+def _lr_text(value) -> str:
+    return "unknown" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"
+
+
+# ---------------------------------------------------------------- CSV files
+def _load_csv(fs, file: str, path: str) -> pd.DataFrame:
     if fs.size(file) == 0:
         raise AnalysisInputError(f"{path}: file is empty")
     try:
@@ -104,17 +260,48 @@ def _load_csv(fs, file: str, path: str) -> RunTable:
             f"{path}: missing column(s) {', '.join(missing)}; need {', '.join(CSV_COLUMNS)}")
     if frame.empty:
         raise AnalysisInputError(f"{path}: has a header but no rows")
-    frame = frame[list(CSV_COLUMNS)].copy()
-    for column in CSV_COLUMNS:
+    for column, default in CSV_OPTIONAL.items():
+        if column not in frame.columns:
+            frame[column] = default
+    frame["line"] = np.arange(len(frame)) + 2  # +1 header, +1 one-based
+    for column in CSV_COLUMNS + ("peak_lr", "steps"):
         values = pd.to_numeric(frame[column], errors="coerce")
         bad = values.isna() & frame[column].notna()
         if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0]) + 2  # +1 header, +1 one-based
-            raise AnalysisInputError(
-                f"{path}: column {column} has a non-numeric value {frame[column].iloc[row - 2]!r} on line {row}")
+            index = int(np.flatnonzero(bad.to_numpy())[0])
+            raise AnalysisInputError(f"{path}: column {column} has a non-numeric value "
+                                     f"{frame[column].iloc[index]!r} on line {index + 2}")
         frame[column] = values
+    _check_values(frame, path)
     _check_params_column(frame, path)
-    return RunTable(runs=frame, source=path, skipped={})
+    frame["lr_rule"] = frame["lr_rule"].fillna("").astype(str)
+    frame["data"] = frame["data_fingerprint"].fillna("").astype(str).replace("", "unknown")
+    frame = _collapse_repeated_rows(frame, path)
+    frame["depth"] = frame["depth"].astype(int)
+    frame["width"] = frame["width"].astype(int)
+    frame["seed"] = frame["seed"].astype(int)
+    frame["point"] = [f"csv-{_setting_key(row)}" for row in frame.itertuples()]
+    frame["run_id"] = [f"line{line}" for line in frame["line"]]
+    frame["name"] = [f"{path} line {line}" for line in frame["line"]]
+    return frame
+
+
+def _check_values(frame: pd.DataFrame, path: str) -> None:
+    """Refuse missing, non-finite or impossible values, naming the file and line."""
+    checks = [(column, "a missing, NaN or infinite", lambda v: ~np.isfinite(v)) for column in CSV_COLUMNS]
+    checks += [("loss", "a negative", lambda v: v < 0), ("depth", "a non-positive", lambda v: v < 1),
+               ("width", "a non-positive", lambda v: v < 1), ("seed", "a negative", lambda v: v < 0),
+               ("depth", "a fractional", lambda v: v % 1 != 0), ("width", "a fractional", lambda v: v % 1 != 0),
+               ("seed", "a fractional", lambda v: v % 1 != 0),
+               ("peak_lr", "a non-positive or infinite", lambda v: ~np.isnan(v) & ~(np.isfinite(v) & (v > 0))),
+               ("steps", "a non-positive or infinite", lambda v: ~np.isnan(v) & ~(np.isfinite(v) & (v > 0)))]
+    for column, what, is_bad in checks:
+        with np.errstate(invalid="ignore"):
+            bad = is_bad(frame[column].to_numpy(float))
+        if bad.any():
+            index = int(np.flatnonzero(bad)[0])
+            raise AnalysisInputError(f"{path}: line {index + 2} has {what} {column} "
+                                     f"({frame[column].iloc[index]}); {int(bad.sum())} such line(s)")
 
 
 def _check_params_column(frame: pd.DataFrame, path: str) -> None:
@@ -129,84 +316,87 @@ def _check_params_column(frame: pd.DataFrame, path: str) -> None:
             f"(12·L·d² = {expected[bad[0]]:.4g})")
 
 
-def _load_sweep_dir(fs, directory: str, root: str, fingerprint: str | None) -> RunTable:
-    # One recursive listing (a single request on an object store), not a walk.
-    found = sorted(fs.glob(directory.rstrip("/") + "/**/result.json"))
-    if not found:
-        raise AnalysisInputError(f"{root}: no result.json records found under this directory")
-    records, skipped = [], collections.Counter()
-    for found_file in found:
-        file = root.rstrip("/") + found_file[len(directory.rstrip("/")):]  # as the caller named it
-        try:
-            record = json.loads(fs.cat_file(found_file))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            skipped["unreadable record"] += 1
-            continue
-        if not isinstance(record, dict):
-            skipped["unreadable record"] += 1
-            continue
-        status = record.get("status", "no status")
-        if status != "finished":
-            skipped[str(status)] += 1
-            continue
-        missing = [field for field in RECORD_FIELDS if record.get(field) is None]
-        if missing:
-            raise AnalysisInputError(f"{file}: finished record lacks {', '.join(missing)}")
-        records.append((file, record))
-    if not records:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
-        raise AnalysisInputError(f"{root}: no finished runs among {len(found)} records ({reasons})")
-
-    records, chosen = _select_fingerprint(records, fingerprint, root, skipped)
-    rows = [{"depth": record["depth"], "width": record["width"], "seed": record["seed"],
-             "loss": record["final_eval_loss"],
-             "name": record.get("name", posixpath.basename(posixpath.dirname(file)))}
-            for file, record in records]
-    frame = pd.DataFrame(rows)
-    for column in ("depth", "width", "seed", "loss"):
-        frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    frame["params"] = non_embedding_params(frame["depth"], frame["width"])
-    frame = frame[list(CSV_COLUMNS) + ["name"]]
-    return RunTable(runs=frame, source=root, skipped=dict(skipped), fingerprint=chosen)
+def _collapse_repeated_rows(frame: pd.DataFrame, path: str) -> pd.DataFrame:
+    """Keep one of several identical rows (with a note); refuse one run with two different losses."""
+    identity = ["depth", "width", "seed", "peak_lr", "lr_rule", "steps", "data"]
+    exact = frame.duplicated(identity + ["loss"], keep="first")
+    kept = frame[~exact]
+    clash = kept.duplicated(identity, keep=False)
+    if clash.any():
+        lines = kept.loc[clash, "line"].tolist()
+        raise AnalysisInputError(
+            f"{path}: lines {', '.join(map(str, lines[:4]))} give the same run (depth, width, seed and settings) "
+            "different losses; keep one row per run, or add a peak_lr/steps column that tells them apart")
+    if exact.any():
+        lines = frame.loc[exact, "line"].tolist()
+        kept = kept.copy()
+        kept.attrs["note"] = (f"{path}: {len(lines)} repeated identical row(s) counted once "
+                              f"(line(s) {', '.join(map(str, lines[:6]))}{'...' if len(lines) > 6 else ''})")
+    return kept
 
 
-def _select_fingerprint(records, wanted, root, skipped):
-    by_print = collections.defaultdict(list)
-    for file, record in records:
-        by_print[record.get("data_fingerprint") or "unknown"].append((file, record))
+# ---------------------------------------------------------------- selection
+def select(frame: pd.DataFrame, source: str, fingerprint, steps, skipped, unfinished, notes) -> RunTable:
+    """Keep the runs of one data fingerprint and one step count; refuse to mix them otherwise."""
+    skipped = collections.Counter(skipped)
+    notes = list(notes)
+    if frame.attrs.get("note"):
+        notes.append(frame.attrs["note"])
+    frame, chosen_print = _choose(frame, "data", fingerprint, source, skipped, "other data_fingerprint",
+                                  "trained on different data (fingerprints {counts}); pick one with --fingerprint",
+                                  prefix=True)
+    frame, chosen_steps = _choose(frame, "steps", steps, source, skipped, "other step count",
+                                  "trained for different numbers of steps ({counts}); pick one with --steps")
+    _refuse_hidden_differences(frame, source)
+    runs = frame[list(RUN_COLUMNS)].sort_values(["depth", "params", "peak_lr", "seed"]).reset_index(drop=True)
+    return RunTable(runs=runs, source=source, skipped=dict(skipped),
+                    fingerprint=None if chosen_print in (None, "unknown") else chosen_print,
+                    steps=None if chosen_steps is None or math.isnan(chosen_steps) else int(chosen_steps),
+                    unfinished=unfinished, notes=tuple(notes))
+
+
+def _choose(frame, column, wanted, source, skipped, skip_reason, refusal, prefix=False):
+    values = frame[column].fillna(-1.0) if column == "steps" else frame[column]
+    present = sorted(set(values.tolist()), key=str)
     if wanted is None:
-        if len(by_print) > 1:
-            counts = ", ".join(f"{key} ({len(value)} runs)" for key, value in sorted(by_print.items()))
-            raise AnalysisInputError(
-                f"{root}: runs were trained on different data (fingerprints {counts}); "
-                f"pick one with --fingerprint")
-        (only,) = by_print
-        return records, (None if only == "unknown" else only)
-    matches = [key for key in by_print if key.startswith(wanted)]
+        if len(present) > 1:
+            counts = ", ".join(f"{_show(value)}: {int((values == value).sum())} runs" for value in present)
+            raise AnalysisInputError(f"{source}: runs were " + refusal.format(counts=counts))
+        only = present[0]
+        return frame, (math.nan if only == -1.0 else only) if column == "steps" else only
+    if column == "data" and set(present) == {"unknown"}:
+        raise AnalysisInputError(f"{source}: the runs carry no data fingerprint (for a CSV: no "
+                                 "data_fingerprint column), so --fingerprint cannot select among them")
+    if prefix:
+        matches = [value for value in present if str(value).startswith(str(wanted))]
+    else:
+        matches = [value for value in present if value == float(wanted)]
     if len(matches) != 1:
-        known = ", ".join(sorted(by_print))
-        what = "matches no" if not matches else "is ambiguous among the"
-        raise AnalysisInputError(f"--fingerprint {wanted} {what} fingerprints present: {known}")
-    for key, value in by_print.items():
-        if key != matches[0]:
-            skipped["other data_fingerprint"] += len(value)
-    return by_print[matches[0]], matches[0]
+        known = ", ".join(_show(value) for value in present)
+        what = "matches none of" if not matches else "is ambiguous among"
+        raise AnalysisInputError(f"--{'fingerprint' if column == 'data' else column} {wanted} {what} the "
+                                 f"values present: {known}")
+    keep = values == matches[0]
+    if (~keep).any():
+        skipped[skip_reason] += int((~keep).sum())
+    return frame[keep.to_numpy()], matches[0]
 
 
-def _validate(frame: pd.DataFrame, source: str) -> None:
-    for column in CSV_COLUMNS:
-        nan_rows = frame[column].isna() | ~np.isfinite(frame[column].to_numpy(float))
-        if nan_rows.any():
-            first = frame[nan_rows].iloc[0]
-            where = first["name"] if "name" in frame.columns else f"depth={first['depth']}, width={first['width']}"
-            raise AnalysisInputError(f"{source}: {int(nan_rows.sum())} run(s) have a missing, NaN or "
-                                     f"infinite {column} (first: {where})")
-    if (frame["depth"] < 1).any() or (frame["width"] < 1).any():
-        raise AnalysisInputError(f"{source}: depth and width must be positive integers")
-    if (frame["depth"] % 1 != 0).any() or (frame["width"] % 1 != 0).any():
-        raise AnalysisInputError(f"{source}: depth and width must be whole numbers")
-    frame["depth"] = frame["depth"].astype(int)
-    frame["width"] = frame["width"].astype(int)
+def _show(value) -> str:
+    if isinstance(value, float):
+        return "unknown" if value == -1.0 or math.isnan(value) else f"{value:g}"
+    return str(value)
+
+
+def _refuse_hidden_differences(frame: pd.DataFrame, source: str) -> None:
+    """Runs at one shape and learning rate must share one point: otherwise another setting differs."""
+    groups = frame.groupby(["depth", "width", "lr_rule", frame["peak_lr"].fillna(-1.0)])["point"]
+    for key, points in groups:
+        if points.nunique() > 1:
+            names = frame.loc[points.index, "name"].tolist()
+            raise AnalysisInputError(
+                f"{source}: runs at L={key[0]}, d={key[1]} with the same learning rate differ in another "
+                f"setting (e.g. {names[0]} and {names[-1]}); analyse them separately")
 
 
 def require_depths(table: RunTable, minimum: int = 2) -> None:
@@ -216,37 +406,3 @@ def require_depths(table: RunTable, minimum: int = 2) -> None:
         raise AnalysisInputError(
             f"{table.source}: need runs at {minimum} or more depths to compare, found only depth "
             f"{', '.join(map(str, depths))}")
-
-
-def aggregate_seeds(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean, standard deviation and count of the loss over seeds, per (depth, width).
-
-    Returns columns depth, width, params (12·L·d²), loss_mean and loss_std
-    (nats per token; std uses ddof=1 and is NaN for a single seed), n_seeds,
-    sorted by depth then params.
-    """
-    grouped = runs.groupby(["depth", "width"], as_index=False).agg(
-        params=("params", "first"), loss_mean=("loss", "mean"),
-        loss_std=("loss", "std"), n_seeds=("loss", "size"))
-    return grouped.sort_values(["depth", "params"]).reset_index(drop=True)
-
-
-def pooled_seed_std(runs: pd.DataFrame) -> tuple[float, int]:
-    """Seed-to-seed standard deviation of the loss pooled over all (depth, width) points.
-
-    Pools the within-point variances weighted by their degrees of freedom.
-    Returns (std in nats per token, degrees of freedom); (nan, 0) when no point
-    has two or more seeds.
-    """
-    groups = runs.groupby(["depth", "width"])["loss"]
-    dof = (groups.size() - 1).clip(lower=0)
-    squares = groups.var(ddof=1).fillna(0.0) * dof
-    total_dof = int(dof.sum())
-    if total_dof == 0:
-        return math.nan, 0
-    return float(np.sqrt(squares.sum() / total_dof)), total_dof
-
-
-def seed_losses(runs: pd.DataFrame) -> dict:
-    """Map (depth, width) to the array of per-seed losses (nats per token)."""
-    return {key: group.to_numpy(float) for key, group in runs.groupby(["depth", "width"])["loss"]}

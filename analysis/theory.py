@@ -12,7 +12,10 @@ per layer. The depth threshold L_th = log₃(d_x) splits two regimes:
   i.e. it grows like d_x·L: depth and width count alike.
 
 All bounds are on log₃(sep) (dimensionless). Each function is vectorised and
-returns nan where its theorem does not apply.
+returns nan where its theorem does not apply. The formulas are returned as
+the theorems state them, so Theorem 2's lower bound can be negative just
+above the threshold; since sep >= 1, such a bound is vacuous, and
+``bounds_table`` (what to print) clips it to 0 and says so.
 """
 
 from __future__ import annotations
@@ -74,3 +77,22 @@ def separation_rank_bounds(depth, width, heads):
     low1, up1 = theorem1_bounds(depth, width, heads)
     low2, up2 = theorem2_bounds(depth, width, heads)
     return np.where(np.isnan(low1), low2, low1), np.where(np.isnan(up1), up2, up1)
+
+
+def bounds_table(depth, width, heads) -> dict:
+    """Bounds on log₃ sep per depth, ready to print, with vacuous lower bounds clipped to 0.
+
+    Theorem 2's lower bound is negative just above the threshold (e.g. about
+    -200 at L = 7 for d_x = 768, H = 12). The separation rank is at least 1,
+    so log₃ sep >= 0 always holds and a negative bound says nothing: the
+    table shows 0 there and flags the row ``lower_vacuous``. Returns a dict
+    of equal-length arrays: depth, theorem (1, 2, or 0 on the threshold),
+    lower, upper (log₃ sep) and lower_vacuous (bool).
+    """
+    depth = np.atleast_1d(np.asarray(depth, dtype=float))
+    low1, _ = theorem1_bounds(depth, width, heads)
+    lower, upper = separation_rank_bounds(depth, width, heads)
+    theorem = np.where(np.isfinite(low1), 1, np.where(np.isfinite(lower), 2, 0))
+    vacuous = np.isfinite(lower) & (lower < 0)
+    return {"depth": depth, "theorem": theorem, "lower": np.where(vacuous, 0.0, lower), "upper": upper,
+            "lower_vacuous": vacuous}

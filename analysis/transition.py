@@ -1,45 +1,38 @@
 """Transition width of each shallower depth, from adjacent depth pairs (section 5.2 of Levine et al.).
 
 For an adjacent pair (L_shallow, L_deep) the two loss-vs-size curves are
-compared at equal non-embedding size N = 12·L·d²:
+compared at the sizes N = 12·L·d² where the *shallower* depth was trained,
+restricted to the range the deeper depth covers (widened by 5% in N at both
+ends, so widths rounded to hardware multiples still match). The deeper
+depth's seed-mean loss is interpolated there, linearly in ln N. At each size
+D = loss_shallow - loss_deep (nats per token; D > 0: the shallower net is
+worse). Two estimates of the transition width are made from D:
 
-1. The comparison sizes are the sizes at which the *shallower* depth was
-   trained, restricted to the range the deeper depth covers (widened by 5% in
-   N at both ends, so widths rounded to hardware multiples still match). The
-   deeper depth's seed-mean loss is interpolated there, linearly in log N.
-2. At each size the difference D = loss_shallow - loss_deep (nats per token;
-   D > 0 means the shallower net is worse) gets a standard error and a
-   one-sided test "the shallower net is worse".
-3. Walking sizes upward, the first size where that test passes is the
-   "significantly worse" point; the size just before it is the point where the
-   two were not yet told apart. The transition width of the shallower depth
-   is the mean of its widths d = sqrt(N / (12·L_shallow)) at those two sizes,
-   and its error is the distance between them.
+* ``paper``: the paper's significance rule. Walking sizes upward, the first
+  size where the shallower net is significantly worse (one-sided test) and
+  the size before it bracket the transition; the width is the mean of the
+  shallower depth's widths d = sqrt(N / (12·L_shallow)) at the two, and the
+  bracket is its error. This lags the true crossing by about t·se/slope,
+  which differs by pair, so it is biased towards larger widths.
+* ``crossing``: where D crosses zero. A straight line is fitted to D against
+  ln N over the ``window`` compared sizes around the last upward sign change
+  of D, and its root is the crossing. It has no such lag.
 
-Significance test (``method``):
+Both get an interval from a parametric bootstrap: each point's mean is
+redrawn as mean + s·σ·z/sqrt(n_seeds), z standard normal, with σ the seed
+noise of the pair and s = sqrt(dof/χ²_dof) drawn once per replicate, so that
+each redrawn mean has the t distribution that σ's uncertainty implies. The
+rule is reapplied to every replicate and the percentiles of the widths form
+the interval; the fraction of replicates with an estimate is reported.
 
-* ``"pooled"`` (default): a two-sample t-test with the seed-to-seed standard
-  deviation pooled over every (depth, width) point of the whole table,
-  sigma_p, with its pooled degrees of freedom. se = sigma_p·sqrt(1/n_s + 1/n_d)
-  where n_s, n_d are the seed counts, and "worse" means D > t_{1-alpha}·se.
-  Pooling is the right default for sweeps with 2-3 seeds per point, whose
-  per-point standard deviations are too noisy to test with.
-* ``"welch"``: Welch's t-test with each point's own seed variance and the
-  Welch-Satterthwaite degrees of freedom. A point with a single seed falls
-  back to sigma_p (and its degrees of freedom) for its variance term.
-
-If no point has two seeds, sigma_p is unknown; pass ``loss_std`` (nats per
-token, e.g. from repeated runs elsewhere), which is then used as a known
-standard deviation (a z-test). Interpolating the deeper curve averages two
-noisy means, so its true noise is a little lower than assumed: the test errs
-on the conservative side.
-
-The crossing point is estimated separately: the last upward zero crossing of
-the interpolated difference curve D(log N). Its confidence interval is a
-bootstrap over seeds: each (depth, width) point's seeds are resampled with
-replacement (a single-seed point instead gets Gaussian noise of sigma_p), the
-crossing is recomputed, and the percentiles of the crossing widths are
-reported together with the fraction of resamples that had a crossing at all.
+Seed noise σ is estimated per pair, pooled over the (depth, width) points of
+the two depths (noise differs several-fold between shallow and deep nets).
+A pair without repeated seeds falls back to the noise pooled over the whole
+table, and says so. The significance test (``method``): ``"pooled"``, a
+two-sample t-test with the pair's pooled σ and its degrees of freedom; or
+``"welch"``, Welch's t-test with each point's own variance (a single-seed
+point falls back to the pooled σ). ``loss_std`` (nats per token) replaces
+σ with a known value (a z-test), for sweeps with one seed per point.
 """
 
 from __future__ import annotations
@@ -51,12 +44,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.errors import AnalysisInputError
-from analysis.results import aggregate_seeds, pooled_seed_std, seed_losses
+from analysis.errors import AnalysisInputError, SingleSeedError
+from analysis.points import aggregate_seeds, pooled_seed_std
 
 # How far (relative, in N) the deeper curve may be extended beyond its measured range.
 RANGE_TOLERANCE = 0.05
 METHODS = ("pooled", "welch")
+ESTIMATES = ("crossing", "paper")
+# Compared sizes used for the line whose root is the crossing (about 3 either side of it).
+CROSSING_WINDOW = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +84,30 @@ class PairComparison:
 
 
 @dataclasses.dataclass(frozen=True)
-class Transition:
-    """Transition of one adjacent depth pair.
+class PairNoise:
+    """Seed noise used for one pair: std (nats per token), degrees of freedom (inf if given), source."""
 
-    status is "found", "below_range" (already significantly worse at the
-    smallest compared size), "above_range" (never significantly worse in the
-    compared range) or "no_overlap" (fewer than two comparable sizes).
-    Widths are the shallower depth's widths in channels; params in parameters.
+    std: float
+    dof: float
+    source: str
+
+    def describe(self) -> str:
+        dof = "known" if math.isinf(self.dof) else f"{self.dof:g} dof"
+        return f"seed std {self.std:.3g} nats ({self.source}, {dof})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """Transition of one adjacent depth pair, by both estimates.
+
+    ``status`` is the paper rule's outcome: "found", "below_range" (already
+    significantly worse at the smallest compared size), "above_range" (never
+    significantly worse in the compared range) or "no_overlap" (fewer than
+    two comparable sizes). ``width``/``width_error`` are the paper rule's
+    width and bracket, ``crossing_width`` the zero-crossing estimate; each
+    has a bootstrap interval (``*_ci``) and the fraction of bootstrap
+    replicates that gave an estimate (``*_fraction``). Widths are the
+    shallower depth's, in channels; params in parameters.
     """
 
     shallow_depth: int
@@ -102,24 +115,68 @@ class Transition:
     status: str
     message: str
     comparison: PairComparison | None = None
+    noise: PairNoise | None = None
     params_before: float | None = None
     params_after: float | None = None
     width: float | None = None
     width_error: float | None = None
+    paper_ci: tuple | None = None
+    paper_fraction: float | None = None
     crossing_width: float | None = None
     crossing_ci: tuple | None = None
     crossing_fraction: float | None = None
+    confidence: float = 0.95
 
     @property
     def found(self) -> bool:
         return self.status == "found"
 
+    def estimate(self, which: str) -> tuple[float, float] | None:
+        """(width, one-sigma width error) in channels for ``which`` of ``ESTIMATES``; None if missing.
+
+        The paper rule's error is its bracket (as in the paper); the crossing's
+        is the bootstrap interval's half-width in ln d, divided by the normal
+        quantile of ``confidence``, times the width. A crossing that fewer than
+        half of the bootstrap replicates reproduce (the fitted line does not
+        rise in the rest) is too noisy to fit and gives None.
+        """
+        if which == "paper":
+            return (self.width, self.width_error) if self.found else None
+        if which != "crossing":
+            raise AnalysisInputError(f"unknown estimate {which!r}; choose from {', '.join(ESTIMATES)}")
+        if self.crossing_width is None or not self.crossing_ci or (self.crossing_fraction or 0.0) < 0.5:
+            return None
+        z = stats.norm.ppf(0.5 + self.confidence / 2)
+        sigma_log = (math.log(self.crossing_ci[1]) - math.log(self.crossing_ci[0])) / (2 * z)
+        return (self.crossing_width, self.crossing_width * max(sigma_log, 1e-6)) if sigma_log >= 0 else None
+
+    def paper_text(self) -> str:
+        if not self.paper_ci:
+            return "paper rule: no bootstrap interval"
+        return (f"paper rule {self.confidence:.0%} interval {self.paper_ci[0]:.0f}–{self.paper_ci[1]:.0f} "
+                f"({self.paper_fraction:.0%} of resamples find it)")
+
+    def crossing_text(self) -> str:
+        if self.crossing_width is None:
+            return "no zero crossing of the loss difference in the compared range"
+        text = f"zero crossing at width {self.crossing_width:.0f}"
+        if self.crossing_ci:
+            text += (f" ({self.confidence:.0%} interval {self.crossing_ci[0]:.0f}–{self.crossing_ci[1]:.0f}, "
+                     f"{self.crossing_fraction:.0%} of resamples cross)")
+        if (self.crossing_fraction or 0.0) < 0.5:
+            text += "; too few resamples cross to use it in the fit"
+        return text
+
     def to_dict(self) -> dict:
         """JSON-ready summary (no per-size arrays)."""
         out = {key: getattr(self, key) for key in (
             "shallow_depth", "deep_depth", "status", "message", "params_before", "params_after",
-            "width", "width_error", "crossing_width", "crossing_fraction")}
+            "width", "width_error", "paper_fraction", "crossing_width", "crossing_fraction", "confidence")}
+        out["paper_ci"] = list(self.paper_ci) if self.paper_ci else None
         out["crossing_ci"] = list(self.crossing_ci) if self.crossing_ci else None
+        out["noise"] = dataclasses.asdict(self.noise) if self.noise else None
+        if out["noise"] and math.isinf(out["noise"]["dof"]):
+            out["noise"]["dof"] = None
         return {key: _plain(value) for key, value in out.items()}
 
 
@@ -130,6 +187,8 @@ def _plain(value):
         return int(value)
     if isinstance(value, list):
         return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
     return value
 
 
@@ -150,71 +209,85 @@ def _interpolation_matrix(x_known, x_query):
     return matrix, left, right
 
 
-def _last_upward_crossing(log_params, diff):
-    """log N of the last place D goes from <= 0 to > 0, per row of ``diff``; NaN if none."""
+def _last_upward_change(diff) -> int | None:
+    """Index i of the last pair (i, i+1) with diff[i] <= 0 < diff[i+1]; None if there is none."""
+    ups = np.flatnonzero((diff[:-1] <= 0) & (diff[1:] > 0))
+    return int(ups[-1]) if ups.size else None
+
+
+def crossing_window(diff, window: int = CROSSING_WINDOW) -> slice | None:
+    """The compared sizes (a slice) around the last upward sign change of ``diff``; None if none."""
+    index = _last_upward_change(np.asarray(diff, dtype=float))
+    if index is None:
+        return None
+    half = window // 2
+    low = max(0, index + 1 - half)
+    high = min(len(diff), low + window)
+    return slice(max(0, high - window), high)
+
+
+def line_roots(x, diff):
+    """Root in x of the least-squares line through (x, diff) per row of ``diff``; NaN if not rising."""
     diff = np.atleast_2d(diff)
-    ups = (diff[:, :-1] <= 0) & (diff[:, 1:] > 0)
-    has = ups.any(axis=1)
-    last = ups.shape[1] - 1 - np.argmax(ups[:, ::-1], axis=1)
-    rows = np.arange(diff.shape[0])
-    d0, d1 = diff[rows, last], diff[rows, last + 1]
-    x0, x1 = log_params[last], log_params[last + 1]
-    crossing = x0 + (-d0) / (d1 - d0) * (x1 - x0)
-    return np.where(has, crossing, np.nan)
-
-
-class _Noise:
-    """Seed noise used by the significance test: pooled std and degrees of freedom."""
-
-    def __init__(self, runs: pd.DataFrame, method: str, loss_std: float | None):
-        if method not in METHODS:
-            raise AnalysisInputError(f"unknown significance test {method!r}; choose from {', '.join(METHODS)}")
-        self.method = method
-        if loss_std is not None:
-            if not loss_std > 0:
-                raise AnalysisInputError(f"--loss-std must be positive, got {loss_std}")
-            self.std, self.dof = float(loss_std), math.inf
-        else:
-            self.std, self.dof = pooled_seed_std(runs)
-            if self.dof == 0:
-                raise AnalysisInputError(
-                    "every (depth, width) point has a single seed, so seed noise cannot be estimated; "
-                    "rerun with more seeds or pass --loss-std (nats per token)")
-
-    def describe(self, alpha: float) -> str:
-        source = "given" if math.isinf(self.dof) else f"pooled over seeds, {self.dof} dof"
-        name = "pooled two-sample t-test" if self.method == "pooled" else "Welch t-test"
-        return f"{name}, one-sided alpha={alpha:g}, seed std {self.std:.4g} nats ({source})"
-
-    def test(self, std_s, n_s, std_d, n_d, alpha):
-        """Standard error of the difference and its critical value, per size."""
-        if self.method == "pooled":
-            se = self.std * np.sqrt(1.0 / n_s + 1.0 / n_d)
-            critical = np.full(se.shape, _t_quantile(1 - alpha, self.dof))
-            return se, critical
-        var_s, dof_s = self._variance(std_s, n_s)
-        var_d, dof_d = self._variance(std_d, n_d)
-        term_s, term_d = var_s / n_s, var_d / n_d
-        se = np.sqrt(term_s + term_d)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            dof = (term_s + term_d) ** 2 / (term_s ** 2 / dof_s + term_d ** 2 / dof_d)
-        dof = np.where(np.isfinite(dof) & (dof > 0), dof, np.inf)
-        return se, np.array([_t_quantile(1 - alpha, value) for value in dof])
-
-    def _variance(self, std, n):
-        own = (n >= 2) & np.isfinite(std)
-        return np.where(own, np.nan_to_num(std) ** 2, self.std ** 2), np.where(own, n - 1.0, self.dof)
+    centred = x - x.mean()
+    slope = (diff * centred).sum(axis=1) / (centred ** 2).sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        root = x.mean() - diff.mean(axis=1) / slope
+    return np.where(slope > 0, root, np.nan)
 
 
 def _t_quantile(probability, dof):
     return float(stats.norm.ppf(probability) if math.isinf(dof) else stats.t.ppf(probability, dof))
 
 
-def compare_pair(points: pd.DataFrame, shallow: int, deep: int, noise: _Noise, alpha: float):
-    """Compare two depths at the shallower depth's sizes; None if fewer than 2 sizes overlap.
+def pair_noise(runs: pd.DataFrame, shallow: int, deep: int, table: PairNoise | None,
+               loss_std: float | None) -> PairNoise:
+    """Seed noise of a pair: ``loss_std`` if given, else pooled over the pair, else the table's."""
+    if loss_std is not None:
+        return PairNoise(float(loss_std), math.inf, "given with --loss-std")
+    std, dof = pooled_seed_std(runs[runs["depth"].isin((shallow, deep))])
+    if dof > 0 and std > 0:
+        return PairNoise(std, float(dof), f"pooled over the seeds of L={shallow} and L={deep}")
+    if table is None:
+        raise SingleSeedError("every (depth, width) point has a single seed, so seed noise cannot be estimated; "
+                              "rerun with more seeds or pass --loss-std (nats per token)")
+    return PairNoise(table.std, table.dof, "no repeated seeds in this pair: pooled over the whole table")
 
-    ``points`` is the output of ``aggregate_seeds``.
-    """
+
+def _test(method, noise: PairNoise, std_s, n_s, std_d, n_d, alpha):
+    """Standard error of the difference and its critical value, per size."""
+    if method == "pooled":
+        se = noise.std * np.sqrt(1.0 / n_s + 1.0 / n_d)
+        return se, np.full(se.shape, _t_quantile(1 - alpha, noise.dof))
+
+    def variance(std, n):
+        own = (n >= 2) & np.isfinite(std) & (np.nan_to_num(std) > 0)
+        return np.where(own, np.nan_to_num(std) ** 2, noise.std ** 2), np.where(own, n - 1.0, noise.dof)
+
+    var_s, dof_s = variance(std_s, n_s)
+    var_d, dof_d = variance(std_d, n_d)
+    term_s, term_d = var_s / n_s, var_d / n_d
+    se = np.sqrt(term_s + term_d)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dof = (term_s + term_d) ** 2 / (term_s ** 2 / dof_s + term_d ** 2 / dof_d)
+    dof = np.where(np.isfinite(dof) & (dof > 0), dof, np.inf)
+    return se, np.array([_t_quantile(1 - alpha, value) for value in dof])
+
+
+@dataclasses.dataclass(frozen=True)
+class _PairData:
+    """Both depths' points and the interpolation from the deeper one to the compared sizes."""
+
+    low: pd.DataFrame
+    high: pd.DataFrame
+    keep: np.ndarray
+    matrix: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    x: np.ndarray
+
+
+def _pair_data(points: pd.DataFrame, shallow: int, deep: int) -> _PairData | None:
     low = points[points["depth"] == shallow].sort_values("params")
     high = points[points["depth"] == deep].sort_values("params")
     if len(low) < 2 or len(high) < 2:
@@ -225,18 +298,36 @@ def compare_pair(points: pd.DataFrame, shallow: int, deep: int, noise: _Noise, a
     keep = (x_all >= x_deep[0] - tolerance) & (x_all <= x_deep[-1] + tolerance)
     if keep.sum() < 2:
         return None
-    low = low[keep]
-    x = x_all[keep]
-    matrix, left, right = _interpolation_matrix(x_deep, x)
+    matrix, left, right = _interpolation_matrix(x_deep, x_all[keep])
+    return _PairData(low=low, high=high, keep=keep, matrix=matrix, left=left, right=right, x=x_all[keep])
+
+
+def compare_pair(data: _PairData, shallow: int, method: str, noise: PairNoise, alpha: float) -> PairComparison:
+    """Compare two depths at the shallower depth's sizes."""
+    low, high, matrix = data.low[data.keep], data.high, data.matrix
+    n_high = high["n_seeds"].to_numpy(float)
+    n_deep = np.minimum(n_high[data.left], n_high[data.right])  # the fewer seeds of the two interpolated points
     loss_deep = high["loss_mean"].to_numpy(float) @ matrix
     std_deep = high["loss_std"].to_numpy(float) @ matrix
-    n_deep = np.minimum(high["n_seeds"].to_numpy()[left], high["n_seeds"].to_numpy()[right]).astype(float)
     loss_shallow = low["loss_mean"].to_numpy(float)
-    se, critical = noise.test(low["loss_std"].to_numpy(float), low["n_seeds"].to_numpy(float),
-                              std_deep, n_deep, alpha)
+    se, critical = _test(method, noise, low["loss_std"].to_numpy(float), low["n_seeds"].to_numpy(float),
+                         std_deep, n_deep, alpha)
     params = low["params"].to_numpy(float)
     return PairComparison(params=params, widths=width_at(params, shallow), loss_shallow=loss_shallow,
                           loss_deep=loss_deep, diff=loss_shallow - loss_deep, se=se, critical=critical)
+
+
+def paper_rule(diff, threshold, widths):
+    """The paper rule's width per row of ``diff``: mean width of the last not-worse and first worse size.
+
+    ``threshold`` = critical·se per size (nats). NaN where the first worse size
+    is the smallest one or no size is worse.
+    """
+    worse = np.atleast_2d(diff) > threshold
+    first = np.argmax(worse, axis=1)
+    valid = worse.any(axis=1) & (first >= 1)
+    previous = np.clip(first - 1, 0, None)
+    return np.where(valid, 0.5 * (widths[previous] + widths[first]), np.nan)
 
 
 def _classify(shallow, deep, comparison: PairComparison | None) -> dict:
@@ -261,82 +352,104 @@ def _classify(shallow, deep, comparison: PairComparison | None) -> dict:
             "width_error": error,
             "message": (f"{pair}: shallower net {before} at N={n[k - 1]:.3g} (width {w[k - 1]:.0f}), "
                         f"significantly worse at N={n[k]:.3g} (width {w[k]:.0f}); "
-                        f"transition width {width:.0f} ± {error:.0f}")}
+                        f"transition width {width:.0f} ± {error:.0f} (paper rule)")}
 
 
-def _bootstrap_crossings(runs, points, shallow, deep, comparison, noise, n_bootstrap, rng):
-    """Crossing log N for ``n_bootstrap`` seed resamples of both depths' points."""
-    losses = seed_losses(runs)
+def _resampled_means(rows: pd.DataFrame, noise: PairNoise, scale, rng) -> np.ndarray:
+    """Seed means redrawn around the observed ones: (replicates, points), nats per token."""
+    n = rows["n_seeds"].to_numpy(float)
+    z = rng.standard_normal((scale.size, n.size))
+    return rows["loss_mean"].to_numpy(float) + scale[:, None] * noise.std * z / np.sqrt(n)
 
-    def resampled_means(depth):
-        rows = points[points["depth"] == depth].sort_values("params")
-        columns = []
-        for width in rows["width"]:
-            values = losses[(depth, width)]
-            if len(values) >= 2:
-                columns.append(values[rng.integers(0, len(values), (n_bootstrap, len(values)))].mean(axis=1))
-            else:
-                columns.append(values[0] + rng.normal(0.0, noise.std, n_bootstrap))
-        return rows, np.stack(columns, axis=1)
 
-    low_rows, low_means = resampled_means(shallow)
-    high_rows, high_means = resampled_means(deep)
-    keep = np.isin(low_rows["params"].to_numpy(float), comparison.params)
-    x = np.log(comparison.params)
-    matrix, _, _ = _interpolation_matrix(np.log(high_rows["params"].to_numpy(float)), x)
-    diff = low_means[:, keep] - high_means @ matrix
-    return _last_upward_crossing(x, diff)
+def _interval(samples, confidence):
+    found = samples[np.isfinite(samples)]
+    if found.size < 2:
+        return None, found.size / max(samples.size, 1)
+    tail = 50.0 * (1.0 - confidence)
+    low, high = np.percentile(found, [tail, 100.0 - tail])
+    return (float(low), float(high)), found.size / samples.size
+
+
+def _estimates(data: _PairData, comparison: PairComparison, shallow: int, noise: PairNoise,
+               n_bootstrap: int, confidence: float, window: int, rng) -> dict:
+    threshold = comparison.critical * comparison.se
+    span = crossing_window(comparison.diff, window)
+    out = {"confidence": confidence}
+    if span is not None:
+        root = line_roots(data.x[span], comparison.diff[span])[0]
+        if np.isfinite(root):
+            out["crossing_width"] = float(width_at(np.exp(root), shallow))
+    if n_bootstrap <= 0:
+        return out
+    dof = noise.dof
+    scale = np.ones(n_bootstrap) if math.isinf(dof) else np.sqrt(dof / rng.chisquare(dof, n_bootstrap))
+    diff = (_resampled_means(data.low, noise, scale, rng)[:, data.keep]
+            - _resampled_means(data.high, noise, scale, rng) @ data.matrix)
+    paper_ci, out["paper_fraction"] = _interval(paper_rule(diff, threshold, comparison.widths), confidence)
+    out["paper_ci"] = paper_ci
+    if "crossing_width" in out:
+        roots = line_roots(data.x[span], diff[:, span])
+        log_ci, out["crossing_fraction"] = _interval(roots, confidence)
+        if log_ci:
+            out["crossing_ci"] = tuple(float(width_at(np.exp(v), shallow)) for v in log_ci)
+    return out
 
 
 def find_transitions(runs: pd.DataFrame, alpha: float = 0.05, method: str = "pooled",
                      loss_std: float | None = None, n_bootstrap: int = 1000,
-                     confidence: float = 0.95, seed: int = 0) -> tuple[list[Transition], str]:
-    """Transition widths for every adjacent depth pair of a per-run table.
+                     confidence: float = 0.95, seed: int = 0,
+                     window: int = CROSSING_WINDOW) -> tuple[list[Transition], str]:
+    """Transition widths, by both estimates, for every adjacent depth pair of a per-run table.
 
     ``runs`` has the columns depth, width, params (12·L·d²), seed, loss (nats
-    per token). Returns the transitions (one per adjacent pair, in depth
-    order) and a one-line description of the significance test used.
+    per token), one learning rate per shape. Returns the transitions (one per
+    adjacent pair, in depth order) and a one-line description of the test.
+    Raises ``SingleSeedError`` when no point has repeated seeds and no
+    ``loss_std`` is given.
     """
+    if method not in METHODS:
+        raise AnalysisInputError(f"unknown significance test {method!r}; choose from {', '.join(METHODS)}")
     if not 0 < alpha < 1:
         raise AnalysisInputError(f"alpha must lie in (0, 1), got {alpha}")
+    if not 0 < confidence < 1:
+        raise AnalysisInputError(f"confidence must lie in (0, 1), got {confidence}")
     if n_bootstrap < 0:
         raise AnalysisInputError(f"the number of bootstrap resamples must be >= 0, got {n_bootstrap}")
-    noise = _Noise(runs, method, loss_std)
+    if window < 2:
+        raise AnalysisInputError(f"the crossing window needs 2 or more sizes, got {window}")
+    if loss_std is not None and not (loss_std > 0 and math.isfinite(loss_std)):
+        raise AnalysisInputError(f"--loss-std must be positive and finite, got {loss_std}")
     points = aggregate_seeds(runs)
     depths = sorted(points["depth"].unique().tolist())
     if len(depths) < 2:
         raise AnalysisInputError(f"need two or more depths to find transitions, found only {depths}")
+    std, dof = pooled_seed_std(runs)
+    table_noise = PairNoise(std, float(dof), "pooled over the whole table") if dof > 0 and std > 0 else None
     rng = np.random.default_rng(seed)
     transitions = []
     for shallow, deep in zip(depths[:-1], depths[1:]):
-        comparison = compare_pair(points, shallow, deep, noise, alpha)
+        noise = pair_noise(runs, shallow, deep, table_noise, loss_std)
+        data = _pair_data(points, shallow, deep)
+        comparison = None if data is None else compare_pair(data, shallow, method, noise, alpha)
         fields = _classify(shallow, deep, comparison)
         if comparison is not None:
-            fields.update(_crossing(runs, points, shallow, deep, comparison, noise, n_bootstrap,
-                                    confidence, rng))
-        transitions.append(Transition(shallow_depth=int(shallow), deep_depth=int(deep),
-                                      comparison=comparison, **fields))
-    return transitions, noise.describe(alpha)
+            fields.update(_estimates(data, comparison, shallow, noise, n_bootstrap, confidence, window, rng))
+        transitions.append(Transition(shallow_depth=int(shallow), deep_depth=int(deep), comparison=comparison,
+                                      noise=noise, **fields))
+    name = "pooled two-sample t-test" if method == "pooled" else "Welch t-test"
+    where = "known seed std" if loss_std is not None else "seed noise pooled per depth pair"
+    return transitions, f"{name}, one-sided alpha={alpha:g}, {where}"
 
 
-def _crossing(runs, points, shallow, deep, comparison, noise, n_bootstrap, confidence, rng) -> dict:
-    x = np.log(comparison.params)
-    observed = _last_upward_crossing(x, comparison.diff)[0]
-    out = {"crossing_width": float(width_at(np.exp(observed), shallow)) if np.isfinite(observed) else None}
-    if n_bootstrap > 0:
-        samples = _bootstrap_crossings(runs, points, shallow, deep, comparison, noise, n_bootstrap, rng)
-        found = samples[np.isfinite(samples)]
-        out["crossing_fraction"] = found.size / n_bootstrap
-        if found.size >= 2:
-            tail = 50.0 * (1.0 - confidence)
-            low, high = np.percentile(found, [tail, 100.0 - tail])
-            out["crossing_ci"] = (float(width_at(np.exp(low), shallow)), float(width_at(np.exp(high), shallow)))
-    return out
+def transition_points(transitions: list[Transition], estimate: str = "paper"):
+    """Arrays (depth in layers, width and one-sigma width error in channels) of one estimate's transitions.
 
-
-def transition_points(transitions: list[Transition]):
-    """Arrays (depth in layers, width and width error in channels) of the found transitions."""
-    found = [t for t in transitions if t.found]
-    return (np.array([t.shallow_depth for t in found], dtype=float),
-            np.array([t.width for t in found], dtype=float),
-            np.array([t.width_error for t in found], dtype=float))
+    ``estimate`` is "paper" (the significance rule, error = bracket) or
+    "crossing" (zero crossing, error from its bootstrap interval).
+    """
+    found = [(t.shallow_depth, t.estimate(estimate)) for t in transitions]
+    found = [(depth, value) for depth, value in found if value is not None]
+    return (np.array([depth for depth, _ in found], dtype=float),
+            np.array([value[0] for _, value in found], dtype=float),
+            np.array([value[1] for _, value in found], dtype=float))

@@ -192,68 +192,15 @@ def _foreign_note(sweep, runs, workdir) -> list[str]:
 # Analysis summary (only this sweep's records, never other runs in the directory)
 
 
-def _finished(states: list[RunState]) -> list[RunState]:
-    return [s for s in states if s.status == "finished" and s.record.get("final_eval_loss") is not None]
-
-
-def equal_size_table(states: list[RunState]) -> str | None:
-    """Seed-mean eval loss per budget (rows) and depth (columns), or None without budgets."""
-    cells = collections.defaultdict(list)
-    for state in _finished(states):
-        if state.spec.budget is not None:
-            cells[(state.spec.budget, state.spec.depth)].append(state.record["final_eval_loss"])
-    if not cells:
-        return None
-    budgets = sorted({b for b, _ in cells})
-    depths = sorted({d for _, d in cells})
-    rows = []
-    for b in budgets:
-        row = [f"{b:.3g}"]
-        for d in depths:
-            losses = cells.get((b, d))
-            if not losses:
-                row.append("-")
-            elif len(losses) == 1:
-                row.append(f"{losses[0]:.4f}")
-            else:
-                mean = sum(losses) / len(losses)
-                std = math.sqrt(sum((x - mean) ** 2 for x in losses) / (len(losses) - 1))
-                row.append(f"{mean:.4f}±{std:.4f}")
-        rows.append(row)
-    return _table(["budget N"] + [f"L={d}" for d in depths], rows)
-
-
 def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
-    """Transitions and the log d = a + b·L fit where the finished runs allow, else why not."""
-    import pandas as pd
+    """What ``analysis.summarize`` says about this sweep's records (seed means, transitions, fits)."""
+    from analysis.summary import Outcome, summarize
 
-    from analysis.errors import AnalysisInputError
-    from analysis.fit import fit_log_width
-    from analysis.transition import find_transitions, transition_points
-
-    finished = _finished(states)
-    depths = sorted({s.spec.depth for s in finished})
-    if len(depths) < 2:
-        return [f"not enough points for transitions: finished runs at {len(depths)} depth(s) {depths}; "
-                "need two or more depths"]
-    frame = pd.DataFrame([{"depth": s.spec.depth, "width": s.spec.width, "params": float(s.spec.params),
-                           "seed": s.spec.seed, "loss": s.record["final_eval_loss"]} for s in finished])
-    try:
-        transitions, test = find_transitions(frame, n_bootstrap=200)
-    except AnalysisInputError as error:
-        hint = "" if "single seed" not in str(error) else (
-            f"; to assume a seed noise anyway: python -m analysis fit {sweep_dir} --loss-std 0.02")
-        return [f"not enough points for transitions: {error}{hint}"]
-    lines = [f"significance: {test}"] + [t.message for t in transitions]
-    found_depths, widths, errors = transition_points(transitions)
-    if found_depths.size >= 2:
-        try:
-            lines.append(fit_log_width(found_depths, widths, errors).describe())
-        except AnalysisInputError as error:
-            lines.append(f"fit failed: {error}")
-    else:
-        lines.append(f"not enough points for the fit log d = a + b·L: {found_depths.size} transition(s) "
-                     "found, need 2 or more")
+    result = summarize([s.record for s in states if s.status in ("finished", "diverged", "failed")],
+                       source=sweep_dir)
+    lines = result.lines()
+    if result.outcome is Outcome.NO_SEED_NOISE:
+        lines.append(f"to assume a seed noise anyway: python -m analysis fit {sweep_dir} --loss-std 0.02")
     return lines
 
 
@@ -261,9 +208,6 @@ def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
     """Counts per status, the results table, loss at equal size and the analysis."""
     sweep_dir = os.path.join(str(workdir), sweep.name)
     parts = [f"== sweep {sweep.name}: {_counts_line(states)} (of {len(states)} runs)", run_table(states)]
-    equal = equal_size_table(states)
-    if equal:
-        parts += ["", "eval loss at equal size (nats/token; mean±std over seeds):", equal]
     parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
     parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
     return "\n".join(parts)

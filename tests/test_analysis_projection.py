@@ -96,11 +96,47 @@ def test_optimal_depth_solves_the_transition_equation(budget):
     shape = projection.optimal_shape(budget, PAPER)
     assert float(projection.transition_params(shape.depth_continuous, PAPER)) == pytest.approx(budget, rel=1e-8)
     assert abs(shape.depth - shape.depth_continuous) < 1
-    # N_tr + ΔN reaches the budget at a shallower depth, N_tr - ΔN at a deeper one.
+    # The band's upper edge reaches the budget at a shallower depth, its lower edge at a deeper one.
     assert shape.depth_low < shape.depth_continuous < shape.depth_high
     for depth, sign in ((shape.depth_low, +1), (shape.depth_high, -1)):
-        edge = projection.transition_params(depth, PAPER) + sign * projection.transition_params_error(depth, PAPER)
+        relative = projection.transition_params_error(depth, PAPER) / projection.transition_params(depth, PAPER)
+        edge = projection.transition_params(depth, PAPER) * np.exp(sign * relative)
         assert float(edge) == pytest.approx(budget, rel=1e-6)
+
+
+def test_band_is_positive_and_first_order_equal_to_eq9():
+    # A fit from a few noisy transitions, like a small CPU sweep's: its ΔN exceeds N_tr at large L.
+    loose = LogWidthFit(a=3.0, b=0.25, cov=((0.05, -0.01), (-0.01, 0.004)), name="loose")
+    depth = np.linspace(1, 100, 400)
+    low, high = projection.transition_band(depth, loose)
+    size, delta = projection.transition_params(depth, loose), projection.transition_params_error(depth, loose)
+    assert np.all(low > 0) and np.all(low < size) and np.all(high > size)
+    assert np.any(delta > size)  # eq. 9's first-order N_tr - ΔN would be negative (off a log axis) here
+    paper_low, paper_high = projection.transition_band(depth, PAPER)
+    paper_size, paper_delta = (projection.transition_params(depth, PAPER),
+                               projection.transition_params_error(depth, PAPER))
+    small = paper_delta / paper_size < 0.06  # where first order is accurate, the band is eq. 9's ± ΔN
+    assert small.sum() > 10
+    np.testing.assert_allclose(paper_high[small] - paper_size[small], paper_delta[small], rtol=0.04)
+    np.testing.assert_allclose(paper_size[small] - paper_low[small], paper_delta[small], rtol=0.04)
+    # So the depth range is bounded (no NaN) even where N_tr - ΔN < 0.
+    deep = float(projection.transition_params(80, loose))
+    shape = projection.optimal_shape(deep, loose)
+    assert float(projection.transition_params_error(shape.depth_high, loose)) > deep
+    assert np.isfinite(shape.depth_high) and shape.depth_low < shape.depth_continuous < shape.depth_high
+
+
+@pytest.mark.parametrize("budget", [1e3, 175e9, 1e15])
+def test_optimal_warns_outside_the_fitted_depths(budget):
+    shape = projection.optimal_shape(budget, PAPER)
+    assert shape.warning and "extrapolated" in shape.warning and "6 to 36" in shape.warning
+    assert projection.optimal_shape(3e8, PAPER).warning is None  # L ≈ 26, inside
+
+
+def test_optimal_width_rounded_to_head_size():
+    shape = projection.optimal_shape(175e9, PAPER, head_size=128)
+    assert shape.width_rounded % 128 == 0 and abs(shape.width_rounded - shape.width) <= 64
+    assert projection.optimal_shape(1e3, PAPER).width_rounded == 64  # never below one head
 
 
 def test_optimal_depth_grows_with_budget():

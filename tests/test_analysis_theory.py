@@ -79,3 +79,15 @@ def test_theorem1_formula_at_one_point():
 def test_heads_must_be_smaller_than_width():
     with pytest.raises(ValueError):
         theory.theorem2_bounds(10, 8, 8)
+
+
+def test_table_clips_the_vacuous_negative_lower_bound():
+    width, heads = 768, 12  # GPT-3 Small; log₃ 768 ≈ 6.04
+    raw_lower, _ = theory.separation_rank_bounds(np.arange(1, 13), width, heads)
+    table = theory.bounds_table(np.arange(1, 13), width, heads)
+    negative = raw_lower < 0
+    assert negative[6]  # L = 7, just above the threshold: the theorem's bound is below zero
+    np.testing.assert_array_equal(table["lower_vacuous"], negative)
+    assert np.all(table["lower"] >= 0)
+    np.testing.assert_array_equal(table["lower"][~negative], raw_lower[~negative])
+    assert table["theorem"].tolist() == [1] * 6 + [2] * 6

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis.fit import fit_log_width
-from analysis.results import AnalysisInputError
+from analysis.errors import AnalysisInputError, SingleSeedError
 from analysis.synthetic import planted_width, synthetic_runs
 from analysis.transition import find_transitions, transition_points
 
@@ -105,10 +105,11 @@ def test_single_seed_points_fall_back_to_pooled_std():
 
 def test_all_single_seed_needs_loss_std():
     runs = pair_runs(1.1e8, seeds=1)
-    with pytest.raises(AnalysisInputError, match="--loss-std"):
+    with pytest.raises(SingleSeedError, match="--loss-std"):
         find_transitions(runs)
     transitions, description = find_transitions(runs, loss_std=0.002, n_bootstrap=50)
-    assert transitions[0].found and "given" in description
+    assert transitions[0].found and "known seed std" in description
+    assert "given with --loss-std" in transitions[0].noise.describe()
 
 
 def test_stricter_alpha_never_finds_an_earlier_transition():

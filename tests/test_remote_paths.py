@@ -113,8 +113,8 @@ def write_record(directory, name, depth, width, loss):
     run = epath.Path(directory) / name
     run.mkdir(parents=True, exist_ok=True)
     (run / "result.json").write_text(json.dumps({
-        "status": "finished", "name": name, "depth": depth, "width": width, "seed": 0,
-        "final_eval_loss": loss, "data_fingerprint": "fp"}))
+        "status": "finished", "name": name, "run_id": name, "depth": depth, "width": width, "seed": 0,
+        "params_non_embedding": 12 * depth * width ** 2, "final_eval_loss": loss, "data_fingerprint": "fp"}))
 
 
 def test_analysis_loads_a_sweep_and_a_csv_from_gs(gcs):
