@@ -308,12 +308,12 @@ def _store_for(path: str):
     if path.startswith("gs://"):
         try:
             return _GcsStore(path)
-        except ImportError:  # no google-cloud-storage: fall back, as the docstring says, and say so
+        except Exception as error:  # noqa: BLE001 - no client library, or no credentials: say so, go on
             import sys
 
-            print("warning: google-cloud-storage is not installed (pip install -e \".[tpu]\"), so leases on "
-                  "gs:// are best effort: two launchers racing within one round trip could both train a run",
-                  file=sys.stderr)
+            print(f"warning: leases on gs:// are best effort here ({type(error).__name__}: {error}; "
+                  "google-cloud-storage from the tpu extra and credentials give exact ones): two launchers "
+                  "racing within one round trip could both train a run", file=sys.stderr)
             return _BestEffortStore(path)
     if "://" in path:
         return _BestEffortStore(path)

@@ -26,7 +26,7 @@ from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
 from analysis.results import load_runs
-from scaling import train
+from scaling import records, train
 from scaling.config import DataConfig, ModelConfig, TrainConfig
 from scaling.track import Tracker
 from sweeps import launch, spec
@@ -78,7 +78,9 @@ def text(store, key) -> str:
 def test_a_training_run_writes_its_records_to_gs(gcs, tmp_path, monkeypatch):
     checkpoints = tmp_path / "checkpoints"  # orbax only; see the module docstring
     real_manager = ocp.CheckpointManager
-    monkeypatch.setattr(train.ocp, "CheckpointManager",
+    from scaling import checkpoints as checkpoints_lib
+
+    monkeypatch.setattr(checkpoints_lib.ocp, "CheckpointManager",
                         lambda directory, **kwargs: real_manager(checkpoints, **kwargs))
     config = TrainConfig(model=ModelConfig(depth=1, width=32, head_dim=16, max_seq_len=32),
                          data=DataConfig(seq_len=32), steps=4, batch_size=4, eval_every=0, eval_batches=1,
@@ -93,7 +95,7 @@ def test_a_training_run_writes_its_records_to_gs(gcs, tmp_path, monkeypatch):
     assert json.loads(text(gcs, "bucket/sweep/remote/config.json"))["name"] == "remote"
     steps = [json.loads(line)["step"] for line in text(gcs, "bucket/sweep/remote/metrics.jsonl").splitlines()]
     assert steps == sorted(steps) and 2 in steps and 4 in steps
-    assert train.read_result(workdir) == result
+    assert records.read_record(workdir) == result
     assert train.run(config, workdir, show_progress=False) == result  # finished: read back, not retrained
 
 
@@ -102,7 +104,7 @@ def test_metrics_log_keeps_earlier_lines_when_rewritten(gcs):
     # tracker must keep what the previous one wrote.
     for step in (1, 2):
         tracker = Tracker("gs://bucket/run", total_steps=2, start_step=step - 1, config={}, name="t",
-                          mode="disabled", show_progress=False)
+                          mode="disabled", show_progress=False, keep_until_step=step - 1 if step > 1 else None)
         tracker.log(step, {"loss": 1.0 / step})
         tracker.close()
     rows = [json.loads(line) for line in text(gcs, "bucket/run/metrics.jsonl").splitlines()]
@@ -137,7 +139,10 @@ def test_launcher_status_reads_run_records_from_gs(gcs, capsys):
     runs = spec.load_sweep(sweep_file).expand().runs
     done = runs[0].run_dir("gs://bucket/runs")
     done.mkdir(parents=True)
-    (done / "result.json").write_text(json.dumps({"status": "finished", "final_eval_loss": 2.0}))
+    model = runs[0].config.model
+    records.write_record(done, records.RunRecord(
+        run_id=runs[0].run_id, status="finished", depth=model.depth, width=model.width, seed=0,
+        params_non_embedding=12 * model.depth * model.width ** 2, name=runs[0].name, final_eval_loss=2.0))
     assert launch.main(["status", str(sweep_file), "--workdir", "gs://bucket/runs", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["counts"]["finished"] == 1 and status["total"] == len(runs)
