@@ -11,8 +11,9 @@ and ``meta`` (JSON: the wandb id, the initial eval loss, wall seconds so far).
   save first checks that the previous asynchronous write succeeded, so a
   failure stops the run at the checkpoint where it happened.
 - ``restore_newest`` tries checkpoints from the newest down and uses the
-  first that reads back whole; damaged newer ones are reported and removed
-  (they would otherwise block saving those steps again).
+  first that reads back whole; damaged newer ones are reported and moved to
+  ``<run dir>/checkpoints-set-aside/`` (they would otherwise block saving
+  those steps again).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import gc
 import logging
 import shutil
 import sys
+import uuid
 
 import jax
 import orbax.checkpoint as ocp
@@ -46,6 +48,7 @@ class Checkpoints:
         self.abstract_state = abstract_state
         self.skipped: list[str] = []  # "step S: reason" for every damaged checkpoint passed over
         self._saved_once = False
+        self._unraisable_hook = None  # set while noise from failed reads is filtered
         self.check_writable()
         try:
             self.manager = ocp.CheckpointManager(
@@ -71,7 +74,6 @@ class Checkpoints:
     def restore_newest(self):
         """``(state, meta, step)`` from the newest checkpoint that reads back whole, or None if none does."""
         self.manager.reload()
-        self._quiet_failed_reads()
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -86,8 +88,10 @@ class Checkpoints:
             except Exception as error:  # noqa: BLE001 - any failure to read back means "damaged"
                 self.skipped.append(f"step {step}: {_one_line(error)}")
                 del error
+                if self._unraisable_hook is None:
+                    self._quiet_failed_reads()
                 gc.collect()  # the abandoned read tasks report here, while their noise is filtered
-                self._remove(step)
+                self._set_aside(step)
         return None
 
     def _quiet_failed_reads(self) -> None:
@@ -107,13 +111,18 @@ class Checkpoints:
 
         sys.unraisablehook = hook
 
-    def _remove(self, step: int) -> None:
+    def _set_aside(self, step: int) -> None:
+        # Moved, not deleted: a read can fail for reasons that pass (a storage
+        # error, a model change that breaks the restore), and the step's
+        # directory must be out of orbax's way so the run can save it again.
         if jax.process_index() == 0:
             path = self.directory / str(step)
+            aside = self.directory.parent / "checkpoints-set-aside" / f"{step}-{uuid.uuid4().hex[:6]}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
             if "://" in str(path):
-                path.rmtree()
+                path.rename(aside)  # epath renames object prefixes by copying them
             else:
-                shutil.rmtree(path, ignore_errors=True)
+                shutil.move(str(path), str(aside))
         self.manager.reload()
 
     def steps(self) -> list[int]:
@@ -146,7 +155,7 @@ class Checkpoints:
             self.manager.close()
         except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
             pass
-        if getattr(self, "_unraisable_hook", None) is not None:
+        if self._unraisable_hook is not None:
             sys.unraisablehook = self._unraisable_hook
             self._asyncio_logger.setLevel(self._asyncio_level)
             self._unraisable_hook = None

@@ -1,16 +1,15 @@
 """Train one model: sharded jit step, evaluation, checkpoints, exact resume.
 
-Read top to bottom:
-1. ``make_optimizer``: optax AdamW, warmup then decay, clipping, and the
-   learning-rate rule across widths (constant, width-scaled or μP-style).
-2. ``build``: the model, the state's shardings on a mesh, and the jitted
+Read top to bottom (the optimizer is in ``optim.py``):
+1. ``build``: the model, the state's shardings on a mesh, and the jitted
    init / train / eval functions. The init is jitted with output shardings,
    so parameters are created already sharded and never whole on one host.
    ``benchmarks/`` and the TPU preflight compile exactly these functions.
-3. ``run``: the loop. It restores the latest orbax checkpoint (parameters,
-   optimizer, step; the data position and the per-step RNG are pure
-   functions of (seed, step), and the wandb id is in the checkpoint's
-   metadata), trains, evaluates, checkpoints, and writes ``result.json``.
+2. ``run``: the run's life cycle. It takes the run's lease, restores the
+   newest checkpoint that reads back whole (parameters, optimizer, step; the
+   data position and the per-step RNG are pure functions of (seed, step),
+   and the wandb id is in the checkpoint's metadata), trains, evaluates,
+   checkpoints, and writes the run record (``records.py``).
 
 Guarantees:
 - A step whose loss or updated parameters are not finite is not applied, so
@@ -18,8 +17,9 @@ Guarantees:
 - SIGTERM (how TPU preemption arrives) makes the loop save at the next step
   boundary and exit with ``PREEMPTED_EXIT_CODE``; rerunning resumes there.
 
-The command line tunes glibc's allocator for XLA:CPU (``tune_cpu_allocator``)
-before JAX starts; importing this module changes nothing process-wide.
+The command line tunes glibc's allocator for XLA:CPU (``tune_cpu_allocator``,
+in ``cpu_allocator.py``) before JAX starts; importing this module changes
+nothing process-wide. Preemption and lost leases: ``stopping.py``.
 
 Command line: ``python -m scaling.train --help``.
 """
@@ -46,56 +46,13 @@ from etils import epath
 
 from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, records, rundir
 from scaling.checkpoints import Checkpoints
+from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa: F401 - used by the CLIs
+from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
 from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
 from scaling.model import Transformer, compute_loss
 from scaling.track import Tracker, new_wandb_id
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the sweep relaunch loop keys on it
-
-
-def reuse_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse instead of returning it to the kernel.
-
-    XLA:CPU allocates each step's temporary buffers afresh (about 230 MiB for
-    L=4, d=256) on its worker threads; glibc serves blocks that large with
-    mmap and unmaps them on free, so every step paid a page fault per 4 KiB
-    touched: a quarter of the CPU time of a train step. One malloc arena, no
-    mmap and a 2 GiB trim threshold let later steps reuse already-mapped
-    pages (the process keeps its peak memory). It only takes effect before
-    JAX starts its CPU threads; ``tune_cpu_allocator`` decides whether to call it.
-    Returns False where glibc's ``mallopt`` is not available.
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    trim_threshold, mmap_max, arena_max = -1, -4, -8  # glibc's M_* parameter numbers
-    return bool(mallopt(arena_max, 1) and mallopt(mmap_max, 0) and mallopt(trim_threshold, 2**31 - 1))
-
-
-def tune_cpu_allocator() -> bool:
-    """Call ``reuse_freed_memory`` when JAX will run on the CPU; the command lines call this first.
-
-    Skipped (returns False) when ``SCALING_MALLOC_TUNING=0``, or when an
-    accelerator plugin (libtpu, CUDA) is installed and ``JAX_PLATFORMS`` does
-    not ask for the CPU, since there the host allocator serves other work.
-    """
-    import importlib.util
-
-    if os.environ.get("SCALING_MALLOC_TUNING", "1") == "0":
-        return False
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    accelerator = any(importlib.util.find_spec(name) is not None
-                      for name in ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin"))
-    if platforms and platforms.split(",")[0] != "cpu":
-        return False
-    if accelerator and not platforms:
-        return False
-    return reuse_freed_memory()
 
 
 PRESETS = {
@@ -106,10 +63,6 @@ PRESETS = {
         steps=300, batch_size=16, eval_every=100, eval_batches=8, checkpoint_every=50, log_every=10,
         name="tiny"),
 }
-
-
-class Preempted(Exception):
-    """Raised by ``run`` after SIGTERM, once a checkpoint of the current step is saved."""
 
 
 # ---------------------------------------------------------------------------
@@ -198,10 +151,6 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
     eval_jit = jax.jit(eval_step, in_shardings=(state_shardings["params"], batch_sharding, replicated),
                        out_shardings=(replicated, replicated))
     return Program(model, mesh, state_shardings, abstract_state, init, train_jit, eval_jit, schedules)
-
-
-class LeaseLost(Exception):
-    """Another process took this run's lease over (it judged this one dead); stop writing to the run."""
 
 
 def resolve_config(config: TrainConfig, pipeline) -> TrainConfig:
@@ -346,7 +295,7 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: rec
     finally:
         checkpoints.close()
     try:
-        _check_stop(stop_requested, read_now=True)
+        check_lease(stop_requested, read_now=True)
     except LeaseLost:
         tracker.discard_pending()
         tracker.close(exit_code=1)
@@ -356,14 +305,6 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: rec
     if main_process:
         records.write_record(run_dir, record)
     return record
-
-
-def _check_stop(stop_requested: dict, *, read_now: bool = False) -> None:
-    """``LeaseLost`` if this run's lease was taken over: from the heartbeat's flag every step, and
-    with ``read_now`` from the lease itself (before a checkpoint or the record is written)."""
-    run_lease = stop_requested["lease"]
-    if run_lease is not None and (run_lease.lost or (read_now and not run_lease.still_held())):
-        raise LeaseLost("another process took over this run's lease; stopped without writing to it")
 
 
 def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta, start_step, record, started,
@@ -378,7 +319,7 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     earlier_seconds = float(meta.get("wall_seconds", 0.0))
 
     def save(step, force=False):
-        _check_stop(stop_requested, read_now=True)
+        check_lease(stop_requested, read_now=True)
         tracker.flush(through_step=step)
         meta["wall_seconds"] = earlier_seconds + time.perf_counter() - started
         checkpoints.save(step, state, meta, force=force)
@@ -423,7 +364,7 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
             if config.eval_every and done % config.eval_every == 0 and done != config.steps:
                 eval_loss = evaluate(program, state["params"], validation, config.batch_size)
                 tracker.log(done, {"eval_loss": eval_loss})
-            _check_stop(stop_requested)
+            check_lease(stop_requested)
             saved = done % config.checkpoint_every == 0 and done != config.steps
             if saved:
                 save(done)
@@ -442,7 +383,7 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     if status == "finished":
         eval_loss = evaluate(program, state["params"], validation, config.batch_size)
         tracker.log(steps_done, {"eval_loss": eval_loss})
-        _check_stop(stop_requested)
+        check_lease(stop_requested)
         if steps_done not in checkpoints.steps():
             save(steps_done, force=True)
     if status == "finished" and (eval_loss is None or not math.isfinite(eval_loss)):
@@ -453,57 +394,6 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
         tokens=steps_done * tokens_per_step, wall_seconds=earlier_seconds + time.perf_counter() - started,
         wandb_id=tracker.wandb_id)
     return record, state
-
-
-class StopCheck:
-    """Whether to stop for SIGTERM, agreed by all processes at steps they all know in advance.
-
-    One process: the local flag, read on every step, costs nothing. Several
-    processes (pod-wide): they must save the same step, so they share their
-    flags with one ``process_allgather``; that is a host round trip which
-    drains the dispatch queue, so it happens only on *check steps*, never on
-    the steps between. Each check also agrees on the next check step: every
-    process proposes as many steps as fit in ``CHECK_SECONDS`` at the speed
-    it measured since the last check, and all take the smallest proposal,
-    so checks come every few seconds whatever the model size, well inside
-    the short notice a preempted spot VM gets (about 30 s on GCE).
-
-    JAX's own ``multihost_utils.reached_preemption_sync_point`` (which orbax's
-    ``reached_preemption`` wraps) would make the check free on every step,
-    but its SIGTERM listener (tsl/distributed_runtime/preemption/
-    preemption_notifier.cc, a C ``std::signal`` handler) is replaced by the
-    Python SIGTERM handler that ``run`` and the sweep launcher install, so it
-    would never hear the signal; and it wants every call, from the same
-    first step, to be made by every process.
-    """
-
-    CHECK_SECONDS = 5.0
-    MAX_INTERVAL = 1000  # steps
-
-    def __init__(self, start_step: int):
-        self.next_step = start_step
-        self._last_step, self._last_time = start_step, time.perf_counter()
-
-    def due(self, step: int) -> bool:
-        """True when ``step`` is a check step (always with one process)."""
-        return jax.process_count() == 1 or step >= self.next_step
-
-    def agree(self, flag: bool, step: int) -> bool:
-        """True on every process if any process saw SIGTERM; with several processes, call only when ``due``."""
-        if jax.process_count() == 1:
-            return flag
-        from jax.experimental import multihost_utils
-
-        now = time.perf_counter()
-        proposal = 1  # nothing measured yet
-        if step > self._last_step:
-            seconds_per_step = max((now - self._last_time) / (step - self._last_step), 1e-6)
-            proposal = int(min(max(self.CHECK_SECONDS / seconds_per_step, 1), self.MAX_INTERVAL))
-        shared = np.asarray(multihost_utils.process_allgather(np.array([int(flag), proposal], np.int32)))
-        shared = shared.reshape(-1, 2)
-        self.next_step = step + int(shared[:, 1].min())
-        self._last_step, self._last_time = step, now
-        return bool(shared[:, 0].any())
 
 
 # ---------------------------------------------------------------------------

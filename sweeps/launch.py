@@ -49,10 +49,7 @@ Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision)
 from __future__ import annotations
 
 import argparse
-import collections
-import dataclasses
 import json
-import math
 import os
 import re
 import signal
@@ -61,156 +58,15 @@ import sys
 from sweeps import hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
+from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, fmt, foreign_note, read_state, read_states,
+                          run_table, skipped_lines, summary, text_table, unreadable_lines)
 
-STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
-TO_TRAIN = ("pending", "resumable", "unreadable", "failed")
 # Assumed utilisation for time estimates when no run of the sweep has finished yet.
 GUESSED_UTILISATION = 0.3
 
 
 class LauncherError(ValueError):
     """Bad input to the launcher; printed as one line, exit status 2."""
-
-
-# ---------------------------------------------------------------------------
-# What is on disk
-
-
-class RunState(collections.namedtuple("RunState", "spec status checkpoint_step record")):
-    """A run and what its directory says: status, latest checkpoint step (or None), result record."""
-
-    def to_dict(self) -> dict:
-        record = self.record or {}
-        return {**self.spec.describe(), "status": self.status, "steps": self.spec.config.steps,
-                "checkpoint_step": self.checkpoint_step, "final_eval_loss": record.get("final_eval_loss"),
-                "wall_seconds": record.get("wall_seconds")}
-
-
-def read_state(run: RunSpec, workdir) -> RunState:
-    """The run's status from its directory, without importing the trainer or starting JAX.
-
-    A record that cannot be read gives status ``unreadable`` (with the reason
-    in ``record["error"]``); ``run`` trains such a run again, resuming from
-    its checkpoints, and the others are unaffected.
-    """
-    from scaling import records
-
-    run_dir = run.run_dir(workdir)
-    try:
-        found = records.read_record(run_dir)
-        record = dataclasses.asdict(found) if found is not None else None
-        status = found.status if found is not None else None
-    except records.RecordError as error:
-        record, status = {"error": str(error)}, "unreadable"
-    checkpoints = run_dir / "checkpoints"
-    try:
-        steps = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.exists() else []
-    except OSError:
-        steps = []
-    step = max(steps) if steps else None
-    if status not in ("finished", "diverged", "failed", "unreadable"):
-        status = "resumable" if step is not None else "pending"
-    return RunState(run, status, step, record)
-
-
-def read_states(runs: list[RunSpec], workdir) -> list[RunState]:
-    """``read_state`` of every run, in order; threads hide the latency of gs:// lookups."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        return list(pool.map(lambda run: read_state(run, workdir), runs))
-
-
-def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
-    """Run directories under the sweep's directory that this expansion does not produce."""
-    from etils import epath
-
-    sweep_dir = epath.Path(workdir) / sweep.name
-    if not sweep_dir.exists():
-        return []
-    ours = {run.run_id for run in runs}
-    return sorted(p.name for p in sweep_dir.iterdir()
-                  if p.name not in ours and ((p / "config.json").exists() or (p / "result.json").exists()))
-
-
-# ---------------------------------------------------------------------------
-# Tables
-
-
-def _fmt(value, spec: str, missing: str = "-") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return missing
-    return format(value, spec)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-             for row in [header, *rows]]
-    return "\n".join(lines)
-
-
-def run_table(states: list[RunState]) -> str:
-    """One line per run: name, L, d, N = 12·L·d², seed, status, eval loss (nats/token)."""
-    header = ["name", "L", "d", "N (12·L·d²)", "budget", "seed", "status", "eval loss"]
-    rows = []
-    for state in states:
-        run, record = state.spec, state.record or {}
-        status = state.status + (f" @{state.checkpoint_step}" if state.status == "resumable" else "")
-        rows.append([run.name, run.depth, run.width, f"{run.params:.3g}", _fmt(run.budget, ".3g"), run.seed,
-                     status, _fmt(record.get("final_eval_loss"), ".4f")])
-    return _table(header, rows)
-
-
-def counts(states: list[RunState]) -> dict:
-    tally = collections.Counter(state.status for state in states)
-    return {status: tally[status] for status in STATUSES if tally[status]}
-
-
-def _counts_line(states) -> str:
-    return ", ".join(f"{n} {status}" for status, n in counts(states).items()) or "no runs"
-
-
-def _skipped_lines(skipped) -> list[str]:
-    return [f"skipped: depth {s.depth}, budget {s.budget:.3g}: {s.reason}" for s in skipped]
-
-
-def _unreadable_lines(states) -> list[str]:
-    return [f"unreadable record: {s.record['error']}" for s in states if s.status == "unreadable"]
-
-
-def _foreign_note(sweep, runs, workdir) -> list[str]:
-    others = foreign_run_dirs(sweep, runs, workdir)
-    if not others:
-        return []
-    return [f"note: {len(others)} run director{'y' if len(others) == 1 else 'ies'} in "
-            f"{os.path.join(str(workdir), sweep.name)} belong to no run of this sweep (changed settings?); "
-            "`python -m analysis fit` on that directory would read them too"]
-
-
-# ---------------------------------------------------------------------------
-# Analysis summary (only this sweep's records, never other runs in the directory)
-
-
-def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
-    """What ``analysis.summarize`` says about this sweep's records (seed means, transitions, fits)."""
-    from analysis.summary import Outcome, summarize
-
-    result = summarize([s.record for s in states if s.status in ("finished", "diverged", "failed")],
-                       source=sweep_dir)
-    lines = result.lines()
-    if result.outcome is Outcome.NO_SEED_NOISE:
-        lines.append(f"to assume a seed noise anyway: python -m analysis fit {sweep_dir} --loss-std 0.02")
-    return lines
-
-
-def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
-    """Counts per status, the results table, loss at equal size and the analysis."""
-    sweep_dir = os.path.join(str(workdir), sweep.name)
-    parts = [f"== sweep {sweep.name}: {_counts_line(states)} (of {len(states)} runs)", run_table(states)]
-    parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
-    parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
-    return "\n".join(parts)
 
 
 # ---------------------------------------------------------------------------
@@ -244,7 +100,7 @@ def cmd_list(sweep: Sweep, args) -> int:
         return 0
     print(f"sweep {sweep.name}: {which}; run directories under {os.path.join(str(args.workdir), sweep.name)}")
     print(run_table(states))
-    for line in _skipped_lines(skipped) + _unreadable_lines(states) + _foreign_note(sweep, runs, args.workdir):
+    for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
 
@@ -282,14 +138,14 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     rows = [[s.spec.name, s.spec.depth, s.spec.width, f"{s.spec.params:.3g}", s.spec.seed, s.status,
              actions.get(s.status, f"resume from step {s.checkpoint_step}"), f"{s.spec.tokens:.3g}",
              f"{s.spec.flops:.2g}"] for s in states]
-    print(_table(header, rows))
+    print(text_table(header, rows))
     tally = collections.Counter(s.status for s in states)
     print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
           f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
     print(f"cost: {sum(s.spec.tokens for s in todo):.3g} training tokens, ≈{flops:.2g} FLOPs "
           f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {flops / speed / 3600:.3g} device-hours at {how}; "
           "compilation and evaluation add to this")
-    for line in _skipped_lines(skipped) + _unreadable_lines(states) + _foreign_note(sweep, runs, args.workdir):
+    for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
 
@@ -302,7 +158,7 @@ def cmd_status(sweep: Sweep, args) -> int:
         print(status_json(sweep, states, skipped, which, args.workdir))
         return 0
     print(summary(sweep, states, args.workdir))
-    for line in _unreadable_lines(states):
+    for line in unreadable_lines(states):
         print(line)
     return 0
 
@@ -370,8 +226,8 @@ def cmd_run(sweep: Sweep, args) -> int:
     todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
     if jax.process_count() > 1:  # hosts may read the work directory differently; process 0's reading counts
         todo = agree_on_runs(sweep, states, todo)
-    say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {_counts_line(states)}")
-    for line in _skipped_lines(skipped) + _foreign_note(sweep, runs, args.workdir):
+    say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {counts_line(states)}")
+    for line in skipped_lines(skipped) + foreign_note(sweep, runs, args.workdir):
         say(line)
     for state in states:
         if state.status == "unreadable":
@@ -385,6 +241,11 @@ def cmd_run(sweep: Sweep, args) -> int:
     try:
         for state in todo:
             run, run_dir = state.spec, state.spec.run_dir(args.workdir)
+            # Finished by another launcher since we looked? (Pod-wide, process 0's list is what counts.)
+            if jax.process_count() == 1 and read_state(run, args.workdir).status == "finished":
+                say(f"{run.name}: already finished by another launcher")
+                bar.update(1)
+                continue
             try:
                 result = train.run(run.config, run_dir, show_progress=main_process)
             except train.Preempted as stopped:
@@ -405,8 +266,8 @@ def cmd_run(sweep: Sweep, args) -> int:
                 where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
                 say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
             else:
-                say(f"{run.name}: {result.status}, eval loss {_fmt(result.final_eval_loss, '.4f')}, "
-                    f"{result.steps} steps in {_fmt(result.wall_seconds, '.0f')} s")
+                say(f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
+                    f"{result.steps} steps in {fmt(result.wall_seconds, '.0f')} s")
             bar.update(1)
             if _any_process(stop["requested"]):  # all stop together, or the others would wait in the next run
                 say(f"stopping after {run.name}: SIGTERM received; rerun the same command to resume")

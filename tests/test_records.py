@@ -244,8 +244,8 @@ def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
         assert not list((run_dir / "checkpoints").glob("*tmp*"))
         assert not (run_dir / "lease.json").exists()
         assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1  # one training, one wandb run
-        trained_by = [out.count(f"{record.name}: finished") for out in outputs]
-        assert sum(trained_by) == 1, outputs
+        trained_by = [out.count(f"{record.name}: finished, eval loss") for out in outputs]
+        assert sum(trained_by) == 1, outputs  # the other launcher skipped it or found it finished
 
 
 # ---------------------------------------------------------------------------
@@ -283,6 +283,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, 
         victim.write_text(victim.read_text()[:5])
     resumed = train.run(config, run_dir, show_progress=False)
     assert "damaged checkpoint passed over, step 20" in capsys.readouterr().err
+    assert [p.name.split("-")[0] for p in (run_dir / "checkpoints-set-aside").iterdir()] == ["20"]  # kept
     assert resumed.status == "finished" and resumed.steps == 20
     assert resumed.final_eval_loss == reference.final_eval_loss  # steps 15-20 redone exactly
     assert metric_steps(run_dir) == metric_steps(reference_dir)

@@ -1,0 +1,158 @@
+"""What a sweep's work directory says: each run's state, tables of runs, and the end-of-sweep summary.
+
+Reading never imports the trainer or starts JAX, so ``list`` and ``status``
+work on a TPU worker whose chips a training process holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+
+from sweeps.spec import RunSpec, Sweep
+
+STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
+TO_TRAIN = ("pending", "resumable", "unreadable", "failed")
+
+
+# ---------------------------------------------------------------------------
+# What is on disk
+
+
+class RunState(collections.namedtuple("RunState", "spec status checkpoint_step record")):
+    """A run and what its directory says: status, latest checkpoint step (or None), result record."""
+
+    def to_dict(self) -> dict:
+        record = self.record or {}
+        return {**self.spec.describe(), "status": self.status, "steps": self.spec.config.steps,
+                "checkpoint_step": self.checkpoint_step, "final_eval_loss": record.get("final_eval_loss"),
+                "wall_seconds": record.get("wall_seconds")}
+
+
+def read_state(run: RunSpec, workdir) -> RunState:
+    """The run's status from its directory, without importing the trainer or starting JAX.
+
+    A record that cannot be read gives status ``unreadable`` (with the reason
+    in ``record["error"]``); ``run`` trains such a run again, resuming from
+    its checkpoints, and the others are unaffected.
+    """
+    from scaling import records
+
+    run_dir = run.run_dir(workdir)
+    try:
+        found = records.read_record(run_dir)
+        record = dataclasses.asdict(found) if found is not None else None
+        status = found.status if found is not None else None
+    except records.RecordError as error:
+        record, status = {"error": str(error)}, "unreadable"
+    checkpoints = run_dir / "checkpoints"
+    try:
+        steps = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.exists() else []
+    except OSError:
+        steps = []
+    step = max(steps) if steps else None
+    if status not in ("finished", "diverged", "failed", "unreadable"):
+        status = "resumable" if step is not None else "pending"
+    return RunState(run, status, step, record)
+
+
+def read_states(runs: list[RunSpec], workdir) -> list[RunState]:
+    """``read_state`` of every run, in order; threads hide the latency of gs:// lookups."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda run: read_state(run, workdir), runs))
+
+
+def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
+    """Run directories under the sweep's directory that this expansion does not produce."""
+    from etils import epath
+
+    sweep_dir = epath.Path(workdir) / sweep.name
+    if not sweep_dir.exists():
+        return []
+    ours = {run.run_id for run in runs}
+    return sorted(p.name for p in sweep_dir.iterdir()
+                  if p.name not in ours and ((p / "config.json").exists() or (p / "result.json").exists()))
+
+
+# ---------------------------------------------------------------------------
+# Tables
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    return format(value, spec)
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def run_table(states: list[RunState]) -> str:
+    """One line per run: name, L, d, N = 12·L·d², seed, status, eval loss (nats/token)."""
+    header = ["name", "L", "d", "N (12·L·d²)", "budget", "seed", "status", "eval loss"]
+    rows = []
+    for state in states:
+        run, record = state.spec, state.record or {}
+        status = state.status + (f" @{state.checkpoint_step}" if state.status == "resumable" else "")
+        rows.append([run.name, run.depth, run.width, f"{run.params:.3g}", fmt(run.budget, ".3g"), run.seed,
+                     status, fmt(record.get("final_eval_loss"), ".4f")])
+    return text_table(header, rows)
+
+
+def counts(states: list[RunState]) -> dict:
+    tally = collections.Counter(state.status for state in states)
+    return {status: tally[status] for status in STATUSES if tally[status]}
+
+
+def counts_line(states) -> str:
+    return ", ".join(f"{n} {status}" for status, n in counts(states).items()) or "no runs"
+
+
+def skipped_lines(skipped) -> list[str]:
+    return [f"skipped: depth {s.depth}, budget {s.budget:.3g}: {s.reason}" for s in skipped]
+
+
+def unreadable_lines(states) -> list[str]:
+    return [f"unreadable record: {s.record['error']}" for s in states if s.status == "unreadable"]
+
+
+def foreign_note(sweep, runs, workdir) -> list[str]:
+    others = foreign_run_dirs(sweep, runs, workdir)
+    if not others:
+        return []
+    return [f"note: {len(others)} run director{'y' if len(others) == 1 else 'ies'} in "
+            f"{os.path.join(str(workdir), sweep.name)} belong to no run of this sweep (changed settings?); "
+            "`python -m analysis fit` on that directory would read them too"]
+
+
+# ---------------------------------------------------------------------------
+# Analysis summary (only this sweep's records, never other runs in the directory)
+
+
+def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
+    """What ``analysis.summarize`` says about this sweep's records (seed means, transitions, fits)."""
+    from analysis.summary import Outcome, summarize
+
+    result = summarize([s.record for s in states if s.status in ("finished", "diverged", "failed")],
+                       source=sweep_dir)
+    lines = result.lines()
+    if result.outcome is Outcome.NO_SEED_NOISE:
+        lines.append(f"to assume a seed noise anyway: python -m analysis fit {sweep_dir} --loss-std 0.02")
+    return lines
+
+
+def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
+    """Counts per status, the results table, loss at equal size and the analysis."""
+    sweep_dir = os.path.join(str(workdir), sweep.name)
+    parts = [f"== sweep {sweep.name}: {counts_line(states)} (of {len(states)} runs)", run_table(states)]
+    parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
+    parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
+    return "\n".join(parts)
