@@ -49,6 +49,7 @@ Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision)
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
