@@ -28,16 +28,11 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from scaling.rundir import one_line
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the message is one line naming the path and the reason."""
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else ""
-    line = line.split(" See full TensorStore details")[0]  # the rest is a multi-line spec dump
-    return f"{type(error).__name__}: {line[:300]}"
 
 
 class Checkpoints:
@@ -57,7 +52,7 @@ class Checkpoints:
                                                      enable_async_checkpointing=True),
                 item_names=("state", "meta"))
         except Exception as error:  # noqa: BLE001 - orbax raises many kinds; the user needs one line
-            raise CheckpointError(f"cannot use checkpoint directory {self.directory}: {_one_line(error)}") from None
+            raise CheckpointError(f"cannot use checkpoint directory {self.directory}: {one_line(error)}") from None
 
     def check_writable(self) -> None:
         """Create the directory and a probe file in it; ``CheckpointError`` if either fails."""
@@ -69,7 +64,7 @@ class Checkpoints:
             probe.write_text("ok")
             probe.unlink()
         except Exception as error:  # noqa: BLE001 - OSError locally, other types from object stores
-            raise CheckpointError(f"cannot write checkpoints to {self.directory}: {_one_line(error)}") from None
+            raise CheckpointError(f"cannot write checkpoints to {self.directory}: {one_line(error)}") from None
 
     def restore_newest(self):
         """``(state, meta, step)`` from the newest checkpoint that reads back whole, or None if none does."""
@@ -86,7 +81,7 @@ class Checkpoints:
                     raise ValueError(f"state says step {restored_step}")
                 return restored["state"], meta, step
             except Exception as error:  # noqa: BLE001 - any failure to read back means "damaged"
-                self.skipped.append(f"step {step}: {_one_line(error)}")
+                self.skipped.append(f"step {step}: {one_line(error)}")
                 del error
                 if self._unraisable_hook is None:
                     self._quiet_failed_reads()
@@ -126,6 +121,7 @@ class Checkpoints:
         self.manager.reload()
 
     def steps(self) -> list[int]:
+        """Steps with a complete checkpoint, as orbax sees them now."""
         return list(self.manager.all_steps())
 
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> None:
@@ -139,7 +135,7 @@ class Checkpoints:
                 self.manager.check_for_errors()
                 self._saved_once = True
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint of step {step} in {self.directory} failed: {_one_line(error)}") from None
+            raise CheckpointError(f"checkpoint of step {step} in {self.directory} failed: {one_line(error)}") from None
 
     def finish(self) -> None:
         """Wait for pending writes; ``CheckpointError`` if one failed."""
@@ -147,7 +143,7 @@ class Checkpoints:
             self.manager.wait_until_finished()
             self.manager.check_for_errors()
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint write in {self.directory} failed: {_one_line(error)}") from None
+            raise CheckpointError(f"checkpoint write in {self.directory} failed: {one_line(error)}") from None
 
     def close(self) -> None:
         """Release orbax's threads (safe after a failure; never raises)."""

@@ -109,6 +109,7 @@ class RunRecord:
                           indent=2, sort_keys=True, allow_nan=False)
 
     def replace(self, **changes) -> "RunRecord":
+        """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
 

@@ -66,8 +66,11 @@ def check_run_dir(run_dir: epath.Path, config: TrainConfig) -> None:
 
 
 def one_line(error: BaseException) -> str:
+    """``"<Type>: <first line of the message>"``, at most ~300 characters, for terminals and records."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+    line = text.splitlines()[0] if text else ""
+    line = line.split(" See full TensorStore details")[0]  # orbax appends a multi-line spec dump
+    return f"{type(error).__name__}: {line[:300]}"
 
 
 def log_failure(run_dir: epath.Path, error: BaseException) -> str | None:
