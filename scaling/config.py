@@ -104,6 +104,11 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"
     init_std: float = 0.02
+    # ``normal``: every weight N(0, init_std²). ``torch``: PyTorch's defaults for
+    # nn.TransformerEncoderLayer / nn.Linear / nn.Embedding (uniform ±1/sqrt(fan_in)
+    # linears, Xavier-uniform attention projections, N(0, 1) embeddings), as
+    # "Overcoming a Theoretical Limitation of Self-Attention" (section 4.1) trains with.
+    init_scheme: str = "normal"
 
     def __post_init__(self):
         _check_types(self)
@@ -132,6 +137,7 @@ class ModelConfig:
         _choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
         _choice("remat", self.remat, REMAT_POLICIES)
         _require(self.init_std > 0, "init_std", "a positive float", self.init_std)
+        _choice("init_scheme", self.init_scheme, ("normal", "torch"))
 
     @property
     def heads(self) -> int:
@@ -177,6 +183,10 @@ class DataConfig:
     synthetic_eval_min_length: int = 8
     synthetic_eval_max_length: int = 32
     lookback_distance: int = 16
+    # parity/first: 0 draws a fresh string for every training example; K > 0
+    # fixes a training set of K strings per seed, visited once per epoch in a
+    # fresh random order (a finite training set, as in the classification papers).
+    synthetic_train_size: int = 0
     cache_dir: str = ""
 
     def __post_init__(self):
@@ -200,6 +210,8 @@ class DataConfig:
                  f">= synthetic_eval_min_length={self.synthetic_eval_min_length} >= 1",
                  self.synthetic_eval_max_length)
         _require(self.lookback_distance >= 1, "lookback_distance", "an integer >= 1", self.lookback_distance)
+        _require(self.synthetic_train_size >= 0, "synthetic_train_size",
+                 "an integer >= 0 (0: a fresh string per example)", self.synthetic_train_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,7 +425,7 @@ _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "lo
 # it did before the field existed, so adding a field never orphans records.
 # Add every new result-changing field here with its default; never change an
 # existing default (add a field instead).
-_NEUTRAL_VALUES: dict[str, Any] = {}
+_NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0}
 
 
 def _identity(config: TrainConfig) -> dict:
