@@ -302,6 +302,7 @@ class TrainConfig:
     batch_size: int = 16
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 8
+    eval_at_start: bool = True  # evaluate the freshly initialised model (initial_eval_loss); costs one eval
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -418,7 +419,7 @@ def override(config, assignments: list[str]):
 # here describe the same experiment (same run id, same results). Dotted names
 # reach into sections.
 _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "log_every", "peak_flops",
-                        "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir")
+                        "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir", "eval_at_start")
 
 # Fields added after run records were first committed, with the value that
 # reproduces the old behaviour. A config holding that value hashes exactly as

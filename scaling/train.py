@@ -363,7 +363,7 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     mesh = program.mesh
     validation = pipeline.validation_batches(config.batch_size, config.eval_batches, jax.process_index(),
                                              jax.process_count())
-    if meta.get("initial_eval_loss") is None:
+    if meta.get("initial_eval_loss") is None and config.eval_at_start:
         meta["initial_eval_loss"] = evaluate(program, state["params"], validation, config.batch_size)
         tracker.log(start_step, {"eval_loss": meta["initial_eval_loss"]})
     earlier_seconds = float(meta.get("wall_seconds", 0.0))
