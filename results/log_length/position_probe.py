@@ -1,0 +1,98 @@
+"""Probe: is the failure at length 1000 attention dilution, or the untrained position embeddings?
+
+    PYTHONPATH=$PWD JAX_PLATFORMS=cpu python results/log_length/position_probe.py results/log_length \
+        --tasks first --lengths 10 100 --seeds 0 1 2 --strings 200
+
+With learned positions, a model trained on n bits has trained position
+embeddings 0..n only; positions n+1..1000 keep their random N(0, 1)
+initialisation. For each finished run picked (it needs the run's final
+checkpoint, which is not committed: run the sweep first), this evaluates the
+final parameters on the first ``--strings`` test strings of length 1000:
+
+- ``as trained``: unchanged (what the run record reports, on fewer strings);
+- ``untrained positions zeroed``: embeddings of positions > n set to zero, so
+  those bits carry only their token embedding;
+- ``at training length``: strings of length n (the in-distribution check).
+
+Prints one line per run. A one-off diagnostic for the README, not part of the
+sweep; it imports the trainer, so it needs JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from scaling import data, mesh as mesh_lib, train
+from scaling.checkpoints import Checkpoints
+from scaling.config import TrainConfig, from_dict
+
+
+def _accuracy(program, params, pipeline, strings: int, batch_size: int) -> tuple[float, float]:
+    batches = pipeline.validation_batches(batch_size, strings // batch_size)
+    metrics = train.evaluate_metrics(program, params, batches, batch_size)
+    return metrics["accuracy"], metrics["loss"] / np.log(2)
+
+
+def probe(run_dir: Path, strings: int) -> dict:
+    config = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
+    pipeline = data.build(config.data)
+    config = train.resolve_config(config, pipeline)
+    program = train.build(config, mesh_lib.make_mesh(config.mesh), label_ids=pipeline.LABEL_TOKENS)
+    # Restore from a copy: Checkpoints.restore_newest deletes checkpoints it cannot read back.
+    with tempfile.TemporaryDirectory() as scratch:
+        shutil.copytree(run_dir / "checkpoints", Path(scratch) / "checkpoints")
+        checkpoints = Checkpoints(Path(scratch) / "checkpoints", 1, program.abstract_state)
+        restored = checkpoints.restore_newest()
+        checkpoints.close()
+    if restored is None:
+        raise ValueError(f"{run_dir}: no readable checkpoint to probe")
+    params = restored[0]["params"]
+    n = config.data.synthetic_max_length
+    zeroed = jax.tree_util.tree_map(lambda x: x, params)
+    table = np.asarray(params["position_embedding"]).copy()
+    table[n + 1:] = 0.0
+    zeroed["position_embedding"] = jax.numpy.asarray(table)
+    short = data.build(dataclasses.replace(config.data, synthetic_eval_min_length=n, synthetic_eval_max_length=n))
+    return {"name": config.name, "as trained": _accuracy(program, params, pipeline, strings, config.batch_size),
+            "untrained positions zeroed": _accuracy(program, zeroed, pipeline, strings, config.batch_size),
+            "at training length": _accuracy(program, params, short, strings, config.batch_size)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir")
+    parser.add_argument("--tasks", nargs="+", default=["first"])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[10, 100])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--strings", type=int, default=200, help="test strings per evaluation (multiple of 10)")
+    args = parser.parse_args()
+    for run_dir in sorted(Path(args.sweep_dir).glob("*/")):
+        try:
+            config = json.loads((run_dir / "config.json").read_text())
+            record = json.loads((run_dir / "result.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if (record.get("status") != "finished" or config["data"]["source"] not in args.tasks
+                or config["data"]["synthetic_max_length"] not in args.lengths or config["seed"] not in args.seeds
+                or not (run_dir / "checkpoints").exists()):
+            continue
+        try:
+            result = probe(run_dir, args.strings)
+        except ValueError as error:
+            print(f"skipped: {error}", flush=True)
+            continue
+        name = result.pop("name")
+        print(name + ": " + "; ".join(f"{key} {100 * acc:.1f}% / {bits:.2f} bits"
+                                      for key, (acc, bits) in result.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
