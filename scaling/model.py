@@ -81,7 +81,7 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 def attention_logit_scale(config: ModelConfig, length: int, input_mask: jax.Array | None) -> jax.Array:
     """The factor multiplying q·k logits, broadcastable to [batch, heads, query, key].
 
-    ``standard`` is 1/sqrt(d_a). ``log_length`` (seed 003, section 4.3) also
+    ``standard`` is 1/sqrt(d_a). ``log_length`` ("Overcoming a Theoretical Limitation of Self-Attention", section 4.3, Eq. 1) also
     multiplies by log n, where n is the number of keys a query can see: i+1
     for the query at position i under causal attention, and the number of
     real (unpadded) tokens of the sequence under bidirectional attention.
