@@ -161,8 +161,9 @@ class DataConfig:
     ``source``: ``builtin`` (the offline English corpus shipped with the
     package), ``hub`` (a Hugging Face dataset, streamed), ``local`` (text /
     jsonl / parquet files), or a synthetic task: ``parity``, ``first``
-    (classification, after "Overcoming a Theoretical Limitation of Self-Attention") or ``lookback`` (an LM task whose long-range
-    dependency distance is controlled by ``lookback_distance``).
+    (classification, after "Overcoming a Theoretical Limitation of
+    Self-Attention") or ``lookback`` (an LM task whose long-range dependency
+    distance is controlled by ``lookback_distance``).
     ``tokenizer``: ``byte`` (default, no files), ``bpe`` (trained on the
     corpus and cached beside it) or ``hf:NAME_OR_PATH``.
     """

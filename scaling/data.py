@@ -10,7 +10,8 @@ Sources (``DataConfig.source``)
                   file's documents are its blank-line-separated paragraphs.
     For ``hub`` and ``local`` the first ``max_documents`` documents of the
     stream are used, from ``text_field``; empty ones are skipped.
-    ``parity``, ``first``   classification tasks of "Overcoming a Theoretical Limitation of Self-Attention", see ``ClassificationTask``.
+    ``parity``, ``first``   classification tasks of "Overcoming a Theoretical
+                  Limitation of Self-Attention", see ``ClassificationTask``.
     ``lookback``  an LM task with a controllable dependency distance, see ``LookbackTask``.
 
 Split (``scaling.corpus.split_documents``)

@@ -81,8 +81,9 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 def attention_logit_scale(config: ModelConfig, length: int, input_mask: jax.Array | None) -> jax.Array:
     """The factor multiplying q·k logits, broadcastable to [batch, heads, query, key].
 
-    ``standard`` is 1/sqrt(d_a). ``log_length`` ("Overcoming a Theoretical Limitation of Self-Attention", section 4.3, Eq. 1) also
-    multiplies by log n, where n is the number of keys a query can see: i+1
+    ``standard`` is 1/sqrt(d_a). ``log_length`` ("Overcoming a Theoretical
+    Limitation of Self-Attention", section 4.3, Eq. 1) also multiplies by
+    log n, where n is the number of keys a query can see: i+1
     for the query at position i under causal attention, and the number of
     real (unpadded) tokens of the sequence under bidirectional attention.
     """
@@ -144,7 +145,8 @@ class SelfAttention(nn.Module):
         # The output projection is scaled down with depth (GPT-2 style) so the
         # residual stream's variance does not grow with L.
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
-        out = dense(features=cfg.width, axis=(-2, -1), kernel_init=_init(cfg, ("heads", "kv", "embed"), out_std, "attention_out"),
+        out_init = _init(cfg, ("heads", "kv", "embed"), out_std, "attention_out")
+        out = dense(features=cfg.width, axis=(-2, -1), kernel_init=out_init,
                     bias_init=_zeros(("embed",)), name="out")(mixed.reshape(batch * length, heads, head_dim))
         return out.reshape(batch, length, width)
 
@@ -207,7 +209,8 @@ class Transformer(nn.Module):
         length = tokens.shape[1]
         if length > cfg.max_seq_len:
             raise ValueError(f"sequence length {length} exceeds model.max_seq_len={cfg.max_seq_len}")
-        embed = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=_init(cfg, ("vocab", "embed"), torch_kind="embedding"),
+        embed = nn.Embed(cfg.vocab_size, cfg.width,
+                         embedding_init=_init(cfg, ("vocab", "embed"), torch_kind="embedding"),
                          dtype=_DTYPES[cfg.compute_dtype], param_dtype=_DTYPES[cfg.param_dtype],
                          name="token_embedding")
         x = embed(tokens)

@@ -442,7 +442,8 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     record = record.replace(
         status=status, final_eval_loss=eval_loss if status == "finished" else None,
         initial_eval_loss=meta["initial_eval_loss"], final_train_loss=last_loss, steps=steps_done,
-        tokens=steps_done * tokens_per_step, tokens_per_step=tokens_per_step, wall_seconds=earlier_seconds + time.perf_counter() - started,
+        tokens=steps_done * tokens_per_step, tokens_per_step=tokens_per_step,
+        wall_seconds=earlier_seconds + time.perf_counter() - started,
         wandb_id=tracker.wandb_id, **(accuracy if status == "finished" else {}))
     return record, state
 

@@ -281,7 +281,8 @@ def test_log_length_sweep_expands_to_the_documented_grid():
         assert c.data.synthetic_min_length == c.data.synthetic_max_length
         assert c.data.synthetic_eval_min_length == c.data.synthetic_eval_max_length == 1000
         assert c.model.heads == (1 if c.data.source == "first" else 2)
-        assert (c.model.depth, c.model.width, c.model.ff_width, c.model.norm, c.optim.peak_lr) == (2, 16, 64, "post", 3e-4)
+        shape = (c.model.depth, c.model.width, c.model.ff_width, c.model.norm, c.optim.peak_lr)
+        assert shape == (2, 16, 64, "post", 3e-4)
         assert c.steps * c.batch_size == 200 * c.data.synthetic_train_size == 200 * 100
     assert len(cells) == 12
     assert all(len(seeds) == (5 if task == "parity" or n == 300 else 10) for (task, n, _), seeds in cells.items())
