@@ -35,6 +35,9 @@ from scaling.checkpoints import Checkpoints
 from scaling.config import TrainConfig, from_dict
 
 
+CONDITIONS = ("as trained", "untrained positions zeroed", "at training length")
+
+
 def _accuracy(program, params, pipeline, strings: int, batch_size: int) -> tuple[float, float]:
     batches = pipeline.validation_batches(batch_size, strings // batch_size)
     metrics = train.evaluate_metrics(program, params, batches, batch_size)
@@ -61,7 +64,8 @@ def probe(run_dir: Path, strings: int) -> dict:
     table[n + 1:] = 0.0
     zeroed["position_embedding"] = jax.numpy.asarray(table)
     short = data.build(dataclasses.replace(config.data, synthetic_eval_min_length=n, synthetic_eval_max_length=n))
-    return {"name": config.name, "as trained": _accuracy(program, params, pipeline, strings, config.batch_size),
+    return {"name": config.name, "task": config.data.source, "n": n, "arm": config.model.attention_scale,
+            "seed": config.seed, "as trained": _accuracy(program, params, pipeline, strings, config.batch_size),
             "untrained positions zeroed": _accuracy(program, zeroed, pipeline, strings, config.batch_size),
             "at training length": _accuracy(program, params, short, strings, config.batch_size)}
 
@@ -74,6 +78,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--strings", type=int, default=200, help="test strings per evaluation (multiple of 10)")
     args = parser.parse_args()
+    rows = []
     for run_dir in sorted(Path(args.sweep_dir).glob("*/")):
         try:
             config = json.loads((run_dir / "config.json").read_text())
@@ -89,9 +94,26 @@ def main() -> None:
         except ValueError as error:
             print(f"skipped: {error}", flush=True)
             continue
-        name = result.pop("name")
-        print(name + ": " + "; ".join(f"{key} {100 * acc:.1f}% / {bits:.2f} bits"
-                                      for key, (acc, bits) in result.items()), flush=True)
+        print(result["name"] + ": " + "; ".join(f"{key} {100 * result[key][0]:.1f}% / {result[key][1]:.2f} bits"
+                                                for key in CONDITIONS), flush=True)
+        rows.append({**{k: result[k] for k in ("task", "n", "arm", "seed")},
+                     **{key: 100 * result[key][0] for key in CONDITIONS}})
+    if rows:
+        print(summary(rows))
+
+
+def summary(rows: list[dict]) -> str:
+    """Markdown: mean ± std over seeds of the test accuracy (%) under each condition, per (task, n, arm)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    lines = ["| task | train n | arm | seeds | " + " | ".join(f"{c} (%)" for c in CONDITIONS) + " |",
+             "|---|---:|---|---:|" + "---:|" * len(CONDITIONS)]
+    for (task, n, arm), cell in frame.groupby(["task", "n", "arm"], sort=True):
+        values = " | ".join(f"{cell[c].mean():.1f} ± {cell[c].std(ddof=1):.1f}" if len(cell) > 1
+                            else f"{cell[c].mean():.1f}" for c in CONDITIONS)
+        lines.append(f"| {task.upper()} | {n} | {arm} | {len(cell)} | {values} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
