@@ -1,7 +1,7 @@
 """Probe: is the failure at length 1000 attention dilution, or the untrained position embeddings?
 
-    PYTHONPATH=$PWD JAX_PLATFORMS=cpu python results/log_length/position_probe.py results/log_length \
-        --tasks first --lengths 10 100 --seeds 0 1 2 --strings 200
+    PYTHONPATH=$PWD JAX_PLATFORMS=cpu python results/log_length/position_probe.py results/log_length
+    python results/log_length/position_probe.py results/log_length --summary-only   # table from the .jsonl
 
 With learned positions, a model trained on n bits has trained position
 embeddings 0..n only; positions n+1..1000 keep their random N(0, 1)
@@ -14,8 +14,10 @@ final parameters on the first ``--strings`` test strings of length 1000:
   those bits carry only their token embedding;
 - ``at training length``: strings of length n (the in-distribution check).
 
-Prints one line per run. A one-off diagnostic for the README, not part of the
-sweep; it imports the trainer, so it needs JAX.
+Defaults: FIRST, every training length, seeds 0-2, 200 strings. Appends one
+JSON line per run (accuracies in percent) to ``--out`` and prints a table of
+mean ± std over seeds per (task, n, arm). A one-off diagnostic for the
+README, not part of the sweep; it imports the trainer, so it needs JAX.
 """
 
 from __future__ import annotations
@@ -74,18 +76,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir")
     parser.add_argument("--tasks", nargs="+", default=["first"])
-    parser.add_argument("--lengths", nargs="+", type=int, default=[10, 100])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[10, 30, 100, 300])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--strings", type=int, default=200, help="test strings per evaluation (multiple of 10)")
+    parser.add_argument("--out", default="results/log_length/position_probe.jsonl",
+                        help="one JSON line per probed run; runs already in it are not probed again")
+    parser.add_argument("--summary-only", action="store_true", help="print the table of --out and stop")
     args = parser.parse_args()
-    rows = []
-    for run_dir in sorted(Path(args.sweep_dir).glob("*/")):
+    out = Path(args.out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    done = {row["run_id"] for row in rows}
+    for run_dir in [] if args.summary_only else sorted(Path(args.sweep_dir).glob("*/")):
         try:
             config = json.loads((run_dir / "config.json").read_text())
             record = json.loads((run_dir / "result.json").read_text())
         except (OSError, ValueError):
             continue
-        if (record.get("status") != "finished" or config["data"]["source"] not in args.tasks
+        if (record.get("status") != "finished" or record["run_id"] in done or config["data"]["source"] not in args.tasks
                 or config["data"]["synthetic_max_length"] not in args.lengths or config["seed"] not in args.seeds
                 or not (run_dir / "checkpoints").exists()):
             continue
@@ -96,8 +103,12 @@ def main() -> None:
             continue
         print(result["name"] + ": " + "; ".join(f"{key} {100 * result[key][0]:.1f}% / {result[key][1]:.2f} bits"
                                                 for key in CONDITIONS), flush=True)
-        rows.append({**{k: result[k] for k in ("task", "n", "arm", "seed")},
-                     **{key: 100 * result[key][0] for key in CONDITIONS}})
+        row = {"run_id": record["run_id"], "strings": args.strings,
+               **{k: result[k] for k in ("task", "n", "arm", "seed")},
+               **{key: 100 * result[key][0] for key in CONDITIONS}}
+        rows.append(row)
+        with out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
     if rows:
         print(summary(rows))
 
