@@ -33,7 +33,8 @@ from scaling import records
 
 ARMS = ("standard", "log_length")
 TABLE_COLUMNS = ("task", "train_length", "arm", "seeds", "test_length", "accuracy_mean", "accuracy_std",
-                 "bits_mean", "bits_std")
+                 "bits_mean", "bits_std", "train_bits_mean", "fitted")
+FITTED_BITS = 0.1  # a run "fitted" its training strings if its last logged training batch is below this
 
 
 @dataclasses.dataclass
@@ -85,6 +86,8 @@ def load(directory) -> LogLengthRuns:
         rows.append({"task": task, "train_length": int(data["synthetic_max_length"]), "arm": arm,
                      "seed": record.seed, "test_length": int(data["synthetic_eval_max_length"]),
                      "accuracy": float(record.final_eval_accuracy), "bits": float(record.final_eval_bits),
+                     "train_bits": (math.nan if record.final_train_loss is None
+                                    else record.final_train_loss / math.log(2)),
                      "run_id": record.run_id})
     if not rows:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items())) or "none found"
@@ -93,12 +96,16 @@ def load(directory) -> LogLengthRuns:
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean and sample std over seeds of accuracy (fraction) and cross-entropy (bits) per
-    (task, train_length, arm, test_length); std is NaN for a single seed."""
+    """Mean and sample std over seeds of test accuracy (fraction) and test cross-entropy (bits) per
+    (task, train_length, arm, test_length); std is NaN for a single seed. Also the mean training
+    cross-entropy of the last logged batch (bits; 10 strings, so noisy) and how many seeds fitted
+    their training strings (that batch below ``FITTED_BITS``)."""
+    runs = runs.assign(fitted=runs["train_bits"] < FITTED_BITS)
     grouped = runs.groupby(["task", "train_length", "arm", "test_length"])
     table = grouped.agg(seeds=("seed", "count"), accuracy_mean=("accuracy", "mean"),
                         accuracy_std=("accuracy", "std"), bits_mean=("bits", "mean"),
-                        bits_std=("bits", "std")).reset_index()
+                        bits_std=("bits", "std"), train_bits_mean=("train_bits", "mean"),
+                        fitted=("fitted", "sum")).reset_index()
     table["arm"] = pd.Categorical(table["arm"], categories=list(ARMS) + sorted(set(table["arm"]) - set(ARMS)))
     table = table.sort_values(["task", "train_length", "arm"]).reset_index(drop=True)
     table["arm"] = table["arm"].astype(str)
@@ -112,13 +119,15 @@ def _pm(mean, std, digits):
 
 
 def markdown(table: pd.DataFrame) -> str:
-    """The table as Markdown: accuracy in percent, cross-entropy in bits, mean ± std over seeds."""
-    lines = ["| task | train n | arm | seeds | test n | accuracy (%) | cross-entropy (bits) |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+    """The table as Markdown: accuracy in percent, cross-entropy in bits, mean ± std over seeds, and
+    the number of seeds that fitted their training strings."""
+    lines = ["| task | train n | arm | seeds | test n | test accuracy (%) | test cross-entropy (bits) "
+             f"| fitted training set (train CE < {FITTED_BITS} bits) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
     for row in table.itertuples():
         lines.append(f"| {row.task.upper()} | {row.train_length} | {row.arm} | {row.seeds} | {row.test_length} | "
                      f"{_pm(100 * row.accuracy_mean, 100 * row.accuracy_std, 1)} | "
-                     f"{_pm(row.bits_mean, row.bits_std, 3)} |")
+                     f"{_pm(row.bits_mean, row.bits_std, 3)} | {row.fitted}/{row.seeds} |")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _write_run(root: Path, run_id: str, task: str, n: int, arm: str, seed: int, accuracy: float, bits: float,
-               status: str = "finished") -> None:
+               status: str = "finished", train_loss: float = 0.01) -> None:
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
     config = {"data": {"source": task, "synthetic_max_length": n, "synthetic_eval_max_length": 1000},
@@ -26,7 +26,8 @@ def _write_run(root: Path, run_id: str, task: str, n: int, arm: str, seed: int, 
     records.write_record(run_dir, records.RunRecord(
         run_id=run_id, status=status, depth=2, width=16, seed=seed, params_non_embedding=6144,
         final_eval_loss=bits * np.log(2) if finished else None,
-        final_eval_accuracy=accuracy if finished else None, final_eval_bits=bits if finished else None))
+        final_eval_accuracy=accuracy if finished else None, final_eval_bits=bits if finished else None,
+        final_train_loss=train_loss))
 
 
 @pytest.fixture
@@ -38,7 +39,9 @@ def sweep_dir(tmp_path):
             for arm in ("standard", "log_length"):
                 for seed in range(3):
                     accuracy, bits = float(rng.uniform(0.4, 1.0)), float(rng.uniform(0.0, 2.0))
-                    _write_run(tmp_path, f"{task}{n}{arm}{seed}", task, n, arm, seed, accuracy, bits)
+                    # seed 2 of every cell ends far from fitting its training strings (0.5 nats)
+                    _write_run(tmp_path, f"{task}{n}{arm}{seed}", task, n, arm, seed, accuracy, bits,
+                               train_loss=0.5 if seed == 2 else 0.01)
                     values.setdefault((task, n, arm), []).append((accuracy, bits))
     _write_run(tmp_path, "running0", "first", 10, "standard", 9, 0.0, 0.0, status="running")
     return tmp_path, values
@@ -55,6 +58,7 @@ def test_table_gives_mean_and_std_over_seeds_per_cell(sweep_dir):
         assert row.accuracy_std == pytest.approx(cell[:, 0].std(ddof=1))
         assert row.bits_mean == pytest.approx(cell[:, 1].mean())
         assert row.bits_std == pytest.approx(cell[:, 1].std(ddof=1))
+        assert row.fitted == 2 and row.train_bits_mean == pytest.approx((0.5 + 0.02) / 3 / np.log(2))
     # standard before log_length within each (task, n)
     assert list(table["arm"][:2]) == ["standard", "log_length"]
 
@@ -76,7 +80,7 @@ def test_cli_prints_the_table_and_draws_the_figure(sweep_dir, tmp_path):
     assert figure.stat().st_size > 10_000
     cell = np.array(values[("parity", 30, "log_length")])
     expected = (f"| PARITY | 30 | log_length | 3 | 1000 | {100 * cell[:, 0].mean():.1f} ± "
-                f"{100 * cell[:, 0].std(ddof=1):.1f} | {cell[:, 1].mean():.3f} ± {cell[:, 1].std(ddof=1):.3f} |")
+                f"{100 * cell[:, 0].std(ddof=1):.1f} | {cell[:, 1].mean():.3f} ± {cell[:, 1].std(ddof=1):.3f} | 2/3 |")
     assert expected in done.stdout.splitlines()
     as_json = subprocess.run([sys.executable, "-m", "analysis", "log-length", str(directory), "--format", "json"],
                              capture_output=True, text=True, cwd=REPO, timeout=120)
