@@ -6,6 +6,7 @@
     python -m analysis fit runs/my_sweep --save my_fit.json
     python -m analysis optimal --params 1.3B --fit my_fit.json
     python -m analysis plot runs/my_sweep --out figures/
+    python -m analysis log-length results/log_length --figure accuracy.png
 
 Sizes are non-embedding parameters N = 12·L·d²; widths are d_x in channels.
 Bad input prints one error line and exits with status 2.
@@ -215,6 +216,15 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_log_length(args) -> int:
+    from analysis import log_length
+
+    print(log_length.run(args.directory, args.format, args.figure))
+    if args.figure:
+        print(f"figure: {args.figure}", file=sys.stderr)
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` argument parser."""
@@ -278,6 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--fit", default="levine2020", help="fit drawn when the sweep gives none of its own")
     plot.add_argument("--preset", default="gpt3", help="budgets marked on the projection figure ('' for none)")
     plot.set_defaults(run=cmd_plot)
+
+    length = commands.add_parser(
+        "log-length", help="FIRST/PARITY length generalisation: accuracy and bits per (task, n, arm)",
+        description="Mean ± std over seeds of test accuracy and cross-entropy (bits) per task, training "
+                    "length and attention scaling, from the run records of sweeps/configs/log_length.py.")
+    length.add_argument("directory", help="sweep directory, e.g. results/log_length")
+    length.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
+    length.add_argument("--figure", metavar="PATH", help="also draw test accuracy vs training length (PNG/PDF)")
+    length.set_defaults(run=cmd_log_length)
     return parser
 
 

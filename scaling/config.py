@@ -104,6 +104,11 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"
     init_std: float = 0.02
+    # ``normal``: every weight N(0, init_std²). ``torch``: PyTorch's defaults for
+    # nn.TransformerEncoderLayer / nn.Linear / nn.Embedding (uniform ±1/sqrt(fan_in)
+    # linears, Xavier-uniform attention projections, N(0, 1) embeddings), as
+    # "Overcoming a Theoretical Limitation of Self-Attention" (section 4.1) trains with.
+    init_scheme: str = "normal"
 
     def __post_init__(self):
         _check_types(self)
@@ -132,6 +137,7 @@ class ModelConfig:
         _choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
         _choice("remat", self.remat, REMAT_POLICIES)
         _require(self.init_std > 0, "init_std", "a positive float", self.init_std)
+        _choice("init_scheme", self.init_scheme, ("normal", "torch"))
 
     @property
     def heads(self) -> int:
@@ -155,8 +161,9 @@ class DataConfig:
     ``source``: ``builtin`` (the offline English corpus shipped with the
     package), ``hub`` (a Hugging Face dataset, streamed), ``local`` (text /
     jsonl / parquet files), or a synthetic task: ``parity``, ``first``
-    (classification, seed 003) or ``lookback`` (an LM task whose long-range
-    dependency distance is controlled by ``lookback_distance``).
+    (classification, after "Overcoming a Theoretical Limitation of
+    Self-Attention") or ``lookback`` (an LM task whose long-range dependency
+    distance is controlled by ``lookback_distance``).
     ``tokenizer``: ``byte`` (default, no files), ``bpe`` (trained on the
     corpus and cached beside it) or ``hf:NAME_OR_PATH``.
     """
@@ -177,6 +184,10 @@ class DataConfig:
     synthetic_eval_min_length: int = 8
     synthetic_eval_max_length: int = 32
     lookback_distance: int = 16
+    # parity/first: 0 draws a fresh string for every training example; K > 0
+    # fixes a training set of K strings per seed, visited once per epoch in a
+    # fresh random order (a finite training set, as in the classification papers).
+    synthetic_train_size: int = 0
     cache_dir: str = ""
 
     def __post_init__(self):
@@ -200,6 +211,8 @@ class DataConfig:
                  f">= synthetic_eval_min_length={self.synthetic_eval_min_length} >= 1",
                  self.synthetic_eval_max_length)
         _require(self.lookback_distance >= 1, "lookback_distance", "an integer >= 1", self.lookback_distance)
+        _require(self.synthetic_train_size >= 0, "synthetic_train_size",
+                 "an integer >= 0 (0: a fresh string per example)", self.synthetic_train_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +303,7 @@ class TrainConfig:
     batch_size: int = 16
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 8
+    eval_at_start: bool = True  # evaluate the freshly initialised model (initial_eval_loss); costs one eval
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -406,14 +420,14 @@ def override(config, assignments: list[str]):
 # here describe the same experiment (same run id, same results). Dotted names
 # reach into sections.
 _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "log_every", "peak_flops",
-                        "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir")
+                        "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir", "eval_at_start")
 
 # Fields added after run records were first committed, with the value that
 # reproduces the old behaviour. A config holding that value hashes exactly as
 # it did before the field existed, so adding a field never orphans records.
 # Add every new result-changing field here with its default; never change an
 # existing default (add a field instead).
-_NEUTRAL_VALUES: dict[str, Any] = {}
+_NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0}
 
 
 def _identity(config: TrainConfig) -> dict:

@@ -10,7 +10,8 @@ Sources (``DataConfig.source``)
                   file's documents are its blank-line-separated paragraphs.
     For ``hub`` and ``local`` the first ``max_documents`` documents of the
     stream are used, from ``text_field``; empty ones are skipped.
-    ``parity``, ``first``   classification (seed 003), see ``ClassificationTask``.
+    ``parity``, ``first``   classification tasks of "Overcoming a Theoretical
+                  Limitation of Self-Attention", see ``ClassificationTask``.
     ``lookback``  an LM task with a controllable dependency distance, see ``LookbackTask``.
 
 Split (``scaling.corpus.split_documents``)
@@ -238,19 +239,33 @@ BIT_TOKENS = (ord("0"), ord("1"))  # byte ids of '0' and '1': the bits and the l
 
 
 class ClassificationTask(Pipeline):
-    """PARITY (odd number of ones) and FIRST (first bit is one), from seed 003.
+    """PARITY (odd number of ones) and FIRST (first bit is one), as in
+    "Overcoming a Theoretical Limitation of Self-Attention" (sections 2 and 4).
 
-    Layout of one row: ``[b_1 .. b_n, CLS, PAD ...]`` with bits as the byte
-    ids of '0'/'1' (48/49). The label sits in ``targets`` at the CLS position
-    as the byte id of '0' or '1'; ``weights`` is 1 there only, ``input_mask``
-    is 0 on padding. Training lengths n are uniform in
-    [synthetic_min_length, synthetic_max_length], validation lengths in
-    [synthetic_eval_min_length, synthetic_eval_max_length], so a model can be
-    tested on longer strings than it was trained on. Row ``i`` is drawn from
-    ``default_rng([seed, split, i])``: independent of batch size and host.
+    Layout of one row: ``[CLS, b_1 .. b_n, PAD ...]``: CLS first (the paper's
+    input CLS·w), bits as the byte ids of '0'/'1' (48/49). The label sits in
+    ``targets`` at position 0 (the CLS position) as the byte id of '0' or '1'
+    (``LABEL_TOKENS``); ``weights`` is 1 there only and ``input_mask`` is 0 on
+    padding. The trainer reads the label from those two logits only
+    (``scaling.model.compute_loss`` with ``label_ids``).
+
+    Training lengths n are uniform in [synthetic_min_length,
+    synthetic_max_length], validation lengths in [synthetic_eval_min_length,
+    synthetic_eval_max_length], so a model can be tested on longer strings
+    than it was trained on. Each split is padded to its own longest string
+    plus CLS, so training on short strings never pays for the evaluation
+    length; ``seq_len`` only bounds both (it must hold the longer one).
+
+    Strings: validation row ``i`` is drawn from ``default_rng([seed, 1, i])``.
+    Training example ``i`` is string ``i`` (``synthetic_train_size=0``) or,
+    with a fixed training set of K strings, string ``order[i mod K]`` where
+    ``order`` is epoch ``i div K``'s permutation from ``default_rng([seed, 2,
+    epoch])``; string ``j`` is drawn from ``default_rng([seed, 0, j])``. All of
+    it is independent of batch size and host.
     """
 
     kind = "classification"
+    LABEL_TOKENS = BIT_TOKENS  # the two label logits: byte ids of '0' (class 0) and '1' (class 1)
 
     def __init__(self, config: DataConfig):
         longest = max(config.synthetic_max_length, config.synthetic_eval_max_length)
@@ -258,31 +273,46 @@ class ClassificationTask(Pipeline):
             raise ValueError(f"seq_len={config.seq_len} must hold the longest {config.source} string "
                              f"({longest} bits) plus CLS: need seq_len >= {longest + 1}")
         settings = {name: getattr(config, name) for name in (
-            "source", "seq_len", "synthetic_min_length", "synthetic_max_length",
-            "synthetic_eval_min_length", "synthetic_eval_max_length")}
+            "source", "synthetic_min_length", "synthetic_max_length",
+            "synthetic_eval_min_length", "synthetic_eval_max_length", "synthetic_train_size")}
+        settings["layout"] = "cls-first-own-padding"
         super().__init__(config, ByteTokenizer(), _settings_fingerprint(settings))
 
     def label(self, bits: np.ndarray) -> int:
         """The class (0 or 1) of one bit string."""
         return int(bits.sum() % 2) if self.config.source == "parity" else int(bits[0])
 
+    def row_length(self, split: str) -> int:
+        """Tokens per row of ``split``: its longest string plus CLS."""
+        c = self.config
+        return (c.synthetic_max_length if split == "train" else c.synthetic_eval_max_length) + 1
+
+    def _string_rng(self, split: str, seed: int, index: int) -> np.random.Generator:
+        size = self.config.synthetic_train_size
+        if split != "train":
+            return np.random.default_rng([seed, 1, index])
+        if size:
+            epoch, position = divmod(index, size)
+            index = int(np.random.default_rng([seed, 2, epoch]).permutation(size)[position])
+        return np.random.default_rng([seed, 0, index])
+
     def examples(self, split, seed, indices):
         c = self.config
         low, high = ((c.synthetic_min_length, c.synthetic_max_length) if split == "train"
                      else (c.synthetic_eval_min_length, c.synthetic_eval_max_length))
-        shape = (len(indices), self.seq_len)
+        shape = (len(indices), self.row_length(split))
         inputs = np.full(shape, self.pad_id, dtype=np.int32)
         targets = np.full(shape, self.pad_id, dtype=np.int32)
         weights = np.zeros(shape, dtype=np.float32)
         input_mask = np.zeros(shape, dtype=np.float32)
         for row, index in enumerate(indices):
-            rng = np.random.default_rng([seed, int(split == "validation"), int(index)])
+            rng = self._string_rng(split, seed, int(index))
             length = int(rng.integers(low, high + 1))
             bits = rng.integers(0, 2, length)
-            inputs[row, :length] = BIT_TOKENS[0] + bits
-            inputs[row, length] = self.cls_id
-            targets[row, length] = BIT_TOKENS[self.label(bits)]
-            weights[row, length] = 1.0
+            inputs[row, 0] = self.cls_id
+            inputs[row, 1:length + 1] = BIT_TOKENS[0] + bits
+            targets[row, 0] = self.LABEL_TOKENS[self.label(bits)]
+            weights[row, 0] = 1.0
             input_mask[row, :length + 1] = 1.0
         return {"inputs": inputs, "targets": targets, "weights": weights, "input_mask": input_mask}
 

@@ -41,7 +41,24 @@ _REMAT_POLICIES = {
 }
 
 
-def _init(config: ModelConfig, axes: tuple[str, ...], std: float | None = None):
+# PyTorch's default initializers, for ``init_scheme="torch"``. nn.Linear draws
+# U(±1/sqrt(fan_in)), a variance of 1/(3·fan_in); nn.MultiheadAttention draws its
+# packed [3d, d] input projection Xavier-uniform, U(±sqrt(6/(4d))), which on one
+# [d, d] projection is a variance of 0.5/fan_avg; nn.Embedding draws N(0, 1).
+# (nn.DenseGeneral hands its initializer the kernel flattened to [fan_in, fan_out].)
+_TORCH_INITIALIZERS = {
+    "linear": nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"),
+    "attention_out": nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"),
+    "qkv": nn.initializers.variance_scaling(0.5, "fan_avg", "uniform"),
+    "embedding": nn.initializers.normal(1.0),
+}
+
+
+def _init(config: ModelConfig, axes: tuple[str, ...], std: float | None = None, torch_kind: str = "linear"):
+    """The initializer of one weight: N(0, std or init_std) or, under ``init_scheme="torch"``,
+    PyTorch's default for a weight of kind ``torch_kind``."""
+    if config.init_scheme == "torch":
+        return nn.with_logical_partitioning(_TORCH_INITIALIZERS[torch_kind], axes)
     return nn.with_logical_partitioning(nn.initializers.normal(std or config.init_std), axes)
 
 
@@ -64,8 +81,9 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 def attention_logit_scale(config: ModelConfig, length: int, input_mask: jax.Array | None) -> jax.Array:
     """The factor multiplying q·k logits, broadcastable to [batch, heads, query, key].
 
-    ``standard`` is 1/sqrt(d_a). ``log_length`` (seed 003, section 4.3) also
-    multiplies by log n, where n is the number of keys a query can see: i+1
+    ``standard`` is 1/sqrt(d_a). ``log_length`` ("Overcoming a Theoretical
+    Limitation of Self-Attention", section 4.3, Eq. 1) also multiplies by
+    log n, where n is the number of keys a query can see: i+1
     for the query at position i under causal attention, and the number of
     real (unpadded) tokens of the sequence under bidirectional attention.
     """
@@ -109,7 +127,7 @@ class SelfAttention(nn.Module):
         tokens = x.reshape(batch * length, width)
 
         def projection(name):
-            out = dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes),
+            out = dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes, torch_kind="qkv"),
                         bias_init=_zeros(("heads", "kv")), name=name)(tokens)
             return out.reshape(batch, length, heads, head_dim)
 
@@ -127,7 +145,8 @@ class SelfAttention(nn.Module):
         # The output projection is scaled down with depth (GPT-2 style) so the
         # residual stream's variance does not grow with L.
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
-        out = dense(features=cfg.width, axis=(-2, -1), kernel_init=_init(cfg, ("heads", "kv", "embed"), out_std),
+        out_init = _init(cfg, ("heads", "kv", "embed"), out_std, "attention_out")
+        out = dense(features=cfg.width, axis=(-2, -1), kernel_init=out_init,
                     bias_init=_zeros(("embed",)), name="out")(mixed.reshape(batch * length, heads, head_dim))
         return out.reshape(batch, length, width)
 
@@ -190,12 +209,13 @@ class Transformer(nn.Module):
         length = tokens.shape[1]
         if length > cfg.max_seq_len:
             raise ValueError(f"sequence length {length} exceeds model.max_seq_len={cfg.max_seq_len}")
-        embed = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=_init(cfg, ("vocab", "embed")),
+        embed = nn.Embed(cfg.vocab_size, cfg.width,
+                         embedding_init=_init(cfg, ("vocab", "embed"), torch_kind="embedding"),
                          dtype=_DTYPES[cfg.compute_dtype], param_dtype=_DTYPES[cfg.param_dtype],
                          name="token_embedding")
         x = embed(tokens)
         if cfg.position == "learned":
-            table = self.param("position_embedding", _init(cfg, ("length", "embed")),
+            table = self.param("position_embedding", _init(cfg, ("length", "embed"), torch_kind="embedding"),
                                (cfg.max_seq_len, cfg.width), _DTYPES[cfg.param_dtype])
             x = x + table[:length].astype(x.dtype)
         else:
@@ -258,14 +278,36 @@ def weighted_cross_entropy(logits, targets, weights):
     return (losses * weights).sum() / jnp.maximum(total, 1.0), total
 
 
+def label_cross_entropy(logits, targets, weights, label_ids: tuple[int, int]):
+    """Binary classification read from two logits of the vocabulary.
+
+    Only the logits of ``label_ids`` (class 0's token, class 1's token)
+    count: their difference is the classifier's logit, so this is the
+    sigmoid output layer of "Overcoming a Theoretical Limitation of
+    Self-Attention" (section 2.1), whatever the other logits say.
+    ``targets`` hold the label token at weighted positions. Returns
+    ``(mean cross-entropy in nats, total weight, weighted count of correct predictions)``.
+    """
+    pair = logits[..., jnp.asarray(label_ids)]  # [batch, length, 2]
+    classes = (targets == label_ids[1]).astype(jnp.int32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(pair, classes)
+    correct = (jnp.argmax(pair, axis=-1) == classes).astype(jnp.float32)
+    total = weights.sum()
+    return (losses * weights).sum() / jnp.maximum(total, 1.0), total, (correct * weights).sum()
+
+
 def compute_loss(model: Transformer, params, batch: dict, *, rng=None, deterministic: bool = True,
-                 mask_id: int | None = None, random_token_limit: int | None = None):
+                 mask_id: int | None = None, random_token_limit: int | None = None,
+                 label_ids: tuple[int, int] | None = None):
     """Loss in nats per predicted token for one batch of the data pipeline's format.
 
     ``batch`` holds ``inputs``, ``targets``, ``weights`` and ``input_mask``
     ([batch, length] arrays). For the masked objective on LM data
     (``mask_id`` given), ``inputs`` are masked here with ``rng`` and the
     targets are the original tokens; otherwise the batch's targets are used.
+    ``label_ids`` (classification tasks) reads each label from those two
+    logits only (``label_cross_entropy``); the aux dict then also holds
+    ``correct``, the number of correctly classified examples.
     Returns ``(loss, {"loss": ..., "tokens": number of predicted tokens})``.
     """
     cfg = model.config
@@ -280,6 +322,9 @@ def compute_loss(model: Transformer, params, batch: dict, *, rng=None, determini
             random_token_limit=random_token_limit or cfg.vocab_size)
     logits = model.apply({"params": params}, inputs, input_mask, deterministic=deterministic,
                          rngs={"dropout": dropout_rng})
+    if label_ids is not None:
+        loss, predicted, correct = label_cross_entropy(logits, targets, weights, label_ids)
+        return loss, {"loss": loss, "tokens": predicted, "correct": correct}
     loss, predicted = weighted_cross_entropy(logits, targets, weights)
     return loss, {"loss": loss, "tokens": predicted}
 

@@ -79,7 +79,7 @@ class Program:
     abstract_state: dict  # ShapeDtypeStructs carrying their shardings, for restore and AOT compilation
     init: callable  # rng -> state
     train_step: callable  # (state, batch) -> (state, metrics)
-    eval_step: callable  # (params, batch, rng) -> (loss_sum, tokens)
+    eval_step: callable  # (params, batch, rng) -> (loss_sum, tokens, correct); correct is 0 without label_ids
     schedules: dict
 
 
@@ -93,12 +93,14 @@ def batch_spec(config: TrainConfig, mesh) -> dict:
             "input_mask": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)}
 
 
-def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token_limit: int | None = None) -> Program:
+def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token_limit: int | None = None,
+          label_ids: tuple[int, int] | None = None) -> Program:
     """Model, optimizer and jitted, sharded init/train/eval functions for ``config`` on ``mesh``.
 
     ``mask_id`` turns on on-device BERT masking for the masked objective on
     LM data (pass the data pipeline's mask token id); leave it None for
-    causal models and for classification tasks.
+    causal models and for classification tasks. ``label_ids`` (classification
+    tasks: the pipeline's ``LABEL_TOKENS``) reads labels from those two logits only.
     """
     model = Transformer(config.model)
     tx, schedules = make_optimizer(config.optim, config.model, config.steps)
@@ -123,7 +125,7 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
 
     def loss_fn(params, batch, rng):
         return compute_loss(model, params, batch, rng=rng, deterministic=config.model.dropout == 0.0,
-                            mask_id=mask_id, random_token_limit=random_token_limit)
+                            mask_id=mask_id, random_token_limit=random_token_limit, label_ids=label_ids)
 
     def train_step(state, batch):
         rng = jax.random.fold_in(base_key, state["step"])
@@ -143,13 +145,13 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
 
     def eval_step(params, batch, rng):
         loss, aux = compute_loss(model, params, batch, rng=rng, deterministic=True, mask_id=mask_id,
-                                 random_token_limit=random_token_limit)
-        return loss * aux["tokens"], aux["tokens"]
+                                 random_token_limit=random_token_limit, label_ids=label_ids)
+        return loss * aux["tokens"], aux["tokens"], aux.get("correct", jnp.zeros((), jnp.float32))
 
     train_jit = jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=0)
     eval_jit = jax.jit(eval_step, in_shardings=(state_shardings["params"], batch_sharding, replicated),
-                       out_shardings=(replicated, replicated))
+                       out_shardings=(replicated, replicated, replicated))
     return Program(model, mesh, state_shardings, abstract_state, init, train_jit, eval_jit, schedules)
 
 
@@ -166,14 +168,21 @@ def resolve_config(config: TrainConfig, pipeline) -> TrainConfig:
 
 def evaluate(program: Program, params, batches: list, batch_size: int) -> float:
     """Mean loss in nats per predicted token over fixed validation ``batches``."""
-    total, count = 0.0, 0.0
+    return evaluate_metrics(program, params, batches, batch_size)["loss"]
+
+
+def evaluate_metrics(program: Program, params, batches: list, batch_size: int) -> dict:
+    """``loss``: mean nats per predicted token; ``accuracy``: fraction of predictions correct
+    (meaningful for classification tasks, whose eval step counts correct labels; 0 otherwise)."""
+    total, count, correct = 0.0, 0.0, 0.0
     for index, local in enumerate(batches):
         batch = mesh_lib.global_batch(local, program.mesh, batch_size)
         # A fixed key per batch: every run masks the validation set identically.
-        loss_sum, tokens = program.eval_step(params, batch, jax.random.PRNGKey(10_000 + index))
+        loss_sum, tokens, right = program.eval_step(params, batch, jax.random.PRNGKey(10_000 + index))
         total += float(loss_sum)
         count += float(tokens)
-    return total / max(count, 1.0)
+        correct += float(right)
+    return {"loss": total / max(count, 1.0), "accuracy": correct / max(count, 1.0)}
 
 
 def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None) -> records.RunRecord:
@@ -266,7 +275,8 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: rec
     started = time.perf_counter()
     main_process = jax.process_index() == 0
     mask_id = pipeline.mask_id if (config.model.objective == "masked" and pipeline.kind == "lm") else None
-    program = build(config, mesh, mask_id=mask_id, random_token_limit=pipeline.vocab_size)
+    label_ids = pipeline.LABEL_TOKENS if pipeline.kind == "classification" else None
+    program = build(config, mesh, mask_id=mask_id, random_token_limit=pipeline.vocab_size, label_ids=label_ids)
     checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state)
     tracker = None
     try:
@@ -313,7 +323,7 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     mesh = program.mesh
     validation = pipeline.validation_batches(config.batch_size, config.eval_batches, jax.process_index(),
                                              jax.process_count())
-    if meta.get("initial_eval_loss") is None:
+    if meta.get("initial_eval_loss") is None and config.eval_at_start:
         meta["initial_eval_loss"] = evaluate(program, state["params"], validation, config.batch_size)
         tracker.log(start_step, {"eval_loss": meta["initial_eval_loss"]})
     earlier_seconds = float(meta.get("wall_seconds", 0.0))
@@ -329,7 +339,9 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
         tracker.close(exit_code=PREEMPTED_EXIT_CODE)
         raise Preempted(f"stopped by SIGTERM before training resumed at step {start_step}")
 
-    tokens_per_step = config.batch_size * config.data.seq_len
+    # Classification rows are padded to their split's longest string, not to seq_len.
+    row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
+    tokens_per_step = config.batch_size * row_length
     flops_per_token = 6 * record.params_non_embedding
     # A resume at the last step trains nothing: its training loss is the one logged before.
     pending, status, last_loss, eval_loss = [], "finished", tracker.pending(start_step).get("loss"), None
@@ -380,9 +392,13 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
             close()
 
     steps_done = int(jax.device_get(state["step"]))
+    accuracy = {}
     if status == "finished":
-        eval_loss = evaluate(program, state["params"], validation, config.batch_size)
-        tracker.log(steps_done, {"eval_loss": eval_loss})
+        final = evaluate_metrics(program, state["params"], validation, config.batch_size)
+        eval_loss = final["loss"]
+        if pipeline.kind == "classification":  # the label's cross-entropy in bits, and accuracy
+            accuracy = {"final_eval_accuracy": final["accuracy"], "final_eval_bits": eval_loss / math.log(2)}
+        tracker.log(steps_done, {"eval_loss": eval_loss, **{k[len("final_"):]: v for k, v in accuracy.items()}})
         check_lease(stop_requested)
         if steps_done not in checkpoints.steps():
             save(steps_done, force=True)
@@ -391,8 +407,9 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     record = record.replace(
         status=status, final_eval_loss=eval_loss if status == "finished" else None,
         initial_eval_loss=meta["initial_eval_loss"], final_train_loss=last_loss, steps=steps_done,
-        tokens=steps_done * tokens_per_step, wall_seconds=earlier_seconds + time.perf_counter() - started,
-        wandb_id=tracker.wandb_id)
+        tokens=steps_done * tokens_per_step, tokens_per_step=tokens_per_step,
+        wall_seconds=earlier_seconds + time.perf_counter() - started,
+        wandb_id=tracker.wandb_id, **(accuracy if status == "finished" else {}))
     return record, state
 
 

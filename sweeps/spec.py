@@ -120,6 +120,35 @@ class RunSpec:
                 "peak_lr": self.config.optim.peak_lr, "tokens": self.tokens}
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A named change to a sweep's base config, crossed with the rest of the grid.
+
+    ``tag`` starts each run name (``first-n10-log_length-L2-d16-s0``);
+    ``overrides`` are ``key=value`` strings as ``--set`` takes them (never a
+    grid field); ``seeds``, when given, replace the sweep's seeds for this
+    variant (e.g. fewer seeds for a costlier task).
+    """
+
+    tag: str
+    overrides: tuple[str, ...] = ()
+    seeds: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.tag, str) or not _NAME_PATTERN.match(self.tag):
+            raise ValueError(f"variant tag={self.tag!r} is invalid: allowed letters, digits, '.', '_' and '-'")
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+        for assignment in self.overrides:
+            if assignment.split("=", 1)[0] in GRID_FIELDS:
+                raise ValueError(f"variant {self.tag}: {assignment} sets a grid field ({', '.join(GRID_FIELDS)})")
+        if self.seeds is not None:
+            object.__setattr__(self, "seeds", _ints(self.seeds, f"variant {self.tag} seeds"))
+
+    def to_dict(self) -> dict:
+        return {"tag": self.tag, "overrides": list(self.overrides),
+                "seeds": None if self.seeds is None else list(self.seeds)}
+
+
 class Skipped(NamedTuple):
     """A (depth, budget) pair that gave no run, and why."""
 
@@ -166,6 +195,8 @@ class Sweep:
       rate calibrated per depth (cannot be combined with ``lr_grid``).
     - ``multiple_of``: width rounding in channels; keep it a multiple of
       ``base.model.head_dim`` so every width splits into whole heads.
+    - ``variants``: optional ``Variant``s (tasks, arms), each crossed with
+      every shape and learning rate; a run per variant per seed.
     Validated on construction: a bad sweep fails before anything runs.
     """
 
@@ -178,6 +209,7 @@ class Sweep:
     lr_grid: tuple[float, ...] = ()
     multiple_of: int = 64
     peak_lr_by_depth: dict | None = None
+    variants: tuple[Variant, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -213,6 +245,11 @@ class Sweep:
             set_("peak_lr_by_depth", None)
         if not isinstance(self.multiple_of, int) or self.multiple_of < 1:
             raise ValueError(f"multiple_of={self.multiple_of!r} is invalid: allowed an integer >= 1")
+        set_("variants", tuple(self.variants))
+        if not all(isinstance(v, Variant) for v in self.variants):
+            raise ValueError("variants is invalid: allowed a sequence of sweeps.spec.Variant")
+        if len({v.tag for v in self.variants}) != len(self.variants):
+            raise ValueError(f"variants: tags {[v.tag for v in self.variants]} must be distinct")
         self.expand()  # every run's config validates now, not when it is reached
 
     def _per_depth(self, mapping: dict, field: str, parse) -> dict:
@@ -242,22 +279,26 @@ class Sweep:
         shapes, skipped = self._shapes()
         runs = []
         for depth, width, point_budget in shapes:
-            for lr in self.lr_grid or (None,):
-                for seed in self.seeds:
-                    runs.append(self._run(depth, width, seed, lr, point_budget))
+            for variant in self.variants or (None,):
+                seeds = self.seeds if variant is None or variant.seeds is None else variant.seeds
+                for lr in self.lr_grid or (None,):
+                    for seed in seeds:
+                        runs.append(self._run(depth, width, seed, lr, point_budget, variant))
         names = [run.name for run in runs]
         if len(set(names)) != len(names):
             raise ValueError(f"sweep {self.name}: two runs share a name; are widths or lr_grid values repeated?")
         return Expansion(runs, skipped)
 
-    def _run(self, depth, width, seed, lr, point_budget) -> RunSpec:
+    def _run(self, depth, width, seed, lr, point_budget, variant=None) -> RunSpec:
         name = f"L{depth}-d{width}-s{seed}" + (f"-lr{lr_tag(lr)}" if lr is not None else "")
         base = self.base
-        if lr is None and self.peak_lr_by_depth:
-            optim = dataclasses.replace(base.optim, peak_lr=self.peak_lr_by_depth[depth])
-        else:
-            optim = base.optim if lr is None else dataclasses.replace(base.optim, peak_lr=lr)
         try:
+            if variant is not None:
+                name = f"{variant.tag}-{name}"
+                base = override(base, list(variant.overrides))
+            if lr is None and self.peak_lr_by_depth:
+                lr = self.peak_lr_by_depth[depth]
+            optim = base.optim if lr is None else dataclasses.replace(base.optim, peak_lr=lr)
             config = dataclasses.replace(base, model=dataclasses.replace(base.model, depth=depth, width=width),
                                          optim=optim, seed=seed, sweep_name=self.name, name=name)
         except ValueError as error:
@@ -272,6 +313,8 @@ class Sweep:
                 "budgets": per_depth(self.budgets) if isinstance(self.budgets, dict) else list(self.budgets),
                 "widths": per_depth(self.widths) if self.widths else None, "seeds": list(self.seeds),
                 "lr_grid": list(self.lr_grid), "multiple_of": self.multiple_of,
+                # only when used, so sweeps without variants keep their digest
+                **({"variants": [v.to_dict() for v in self.variants]} if self.variants else {}),
                 "runs": [{"name": run.name, "run_id": run.run_id} for run in runs],
                 "skipped": [skip._asdict() for skip in skipped]}
         if self.peak_lr_by_depth:  # only when used, so the descriptions of other sweeps stay as they were

@@ -390,28 +390,44 @@ def test_validation_set_is_fixed_and_comes_from_validation_text(builtin, tmp_pat
 
 
 @pytest.mark.parametrize("source", ["parity", "first"])
-def test_parity_and_first_labels_match_direct_computation(source):
+def test_parity_and_first_put_cls_first_and_the_label_at_cls(source):
     config = DataConfig(source=source, seq_len=24, synthetic_min_length=3, synthetic_max_length=9,
                         synthetic_eval_min_length=12, synthetic_eval_max_length=20)
     pipeline = data.build(config)
     assert pipeline.kind == "classification" and pipeline.vocab_size == 260
     for batch, (low, high) in ((pipeline.train_batch(seed=2, step=0, batch_size=1000), (3, 9)),
                                (pipeline.validation_batches(1000, 1)[0], (12, 20))):
-        cls_at = np.argmax(batch["inputs"] == pipeline.cls_id, axis=1)
-        lengths = []
-        for row in range(1000):
-            n = cls_at[row]
-            bits = batch["inputs"][row, :n] - ord("0")
+        # Each split is padded to its own longest string plus CLS, not to seq_len.
+        assert batch["inputs"].shape == (1000, high + 1)
+        # CLS is the first token of every example, and appears nowhere else.
+        assert (batch["inputs"][:, 0] == pipeline.cls_id).all()
+        assert ((batch["inputs"] == pipeline.cls_id).sum(axis=1) == 1).all()
+        lengths = batch["input_mask"].sum(axis=1).astype(int) - 1
+        for row, n in enumerate(lengths):
+            bits = batch["inputs"][row, 1:n + 1] - ord("0")
             assert set(bits.tolist()) <= {0, 1}
             expected = bits.sum() % 2 if source == "parity" else bits[0]
-            assert batch["targets"][row, n] == ord("0") + expected
-            assert batch["weights"][row].sum() == 1.0 and batch["weights"][row, n] == 1.0
-            assert (batch["input_mask"][row] == (np.arange(24) <= n)).all()
+            assert batch["targets"][row, 0] == pipeline.LABEL_TOKENS[expected]
+            assert batch["weights"][row].sum() == 1.0 and batch["weights"][row, 0] == 1.0
+            assert (batch["input_mask"][row] == (np.arange(high + 1) <= n)).all()
             assert (batch["inputs"][row, n + 1:] == pipeline.pad_id).all()
-            lengths.append(n)
-        assert min(lengths) == low and max(lengths) == high
-        labels = batch["targets"][np.arange(1000), cls_at]
-        assert 400 < (labels == ord("1")).sum() < 600
+        assert lengths.min() == low and lengths.max() == high
+        assert 400 < (batch["targets"][:, 0] == ord("1")).sum() < 600
+
+
+def test_fixed_training_set_repeats_its_strings_each_epoch_in_a_new_order():
+    config = DataConfig(source="first", seq_len=11, synthetic_min_length=10, synthetic_max_length=10,
+                        synthetic_eval_min_length=10, synthetic_eval_max_length=10, synthetic_train_size=20)
+    pipeline = data.build(config)
+    epochs = [pipeline.train_batch(seed=1, step=epoch, batch_size=20)["inputs"] for epoch in range(3)]
+    as_sets = [sorted(map(tuple, rows.tolist())) for rows in epochs]
+    assert as_sets[0] == as_sets[1] == as_sets[2]  # the same 20 strings every epoch
+    assert len(set(as_sets[0])) > 15  # (2**10 strings: a few repeats by chance at most)
+    assert not (epochs[0] == epochs[1]).all()  # visited in another order
+    other_seed = pipeline.train_batch(seed=2, step=0, batch_size=20)["inputs"]
+    assert sorted(map(tuple, other_seed.tolist())) != as_sets[0]
+    fresh = data.build(dataclasses.replace(config, synthetic_train_size=0))
+    assert sorted(map(tuple, fresh.train_batch(seed=1, step=1, batch_size=20)["inputs"].tolist())) != as_sets[0]
 
 
 def test_classification_needs_room_for_the_longest_string():

@@ -1,5 +1,6 @@
 """The transformer family: parameter counting, objectives, layouts, learning."""
 
+import dataclasses
 import functools
 import math
 
@@ -150,37 +151,110 @@ def test_remat_changes_nothing_numerically(remat):
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), plain, rematted)
 
 
-def _one_head_attention_by_hand(config, params, tokens):
-    """Recompute the first layer's attention logits of a 1-layer, 1-head model in numpy."""
+def _one_head_attention_by_hand(config, params, tokens, logit_scale):
+    """The first layer's attention output of a 1-layer, 1-head pre-LN model, in numpy,
+    with q·k logits multiplied by ``logit_scale`` ([query, key] or a scalar)."""
     p = jax.tree_util.tree_map(np.asarray, unstack_layers(params, 1))
-    x = p["token_embedding"]["embedding"][np.asarray(tokens[0])] + p["position_embedding"][: tokens.shape[1]]
+    length = tokens.shape[1]
+    x = p["token_embedding"]["embedding"][np.asarray(tokens[0])] + p["position_embedding"][:length]
     mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     norm = p["layers_0"]["attention_norm"]
     h = (x - mean) / np.sqrt(var + 1e-5) * norm["scale"] + norm["bias"]
-    q = h @ p["layers_0"]["attention"]["query"]["kernel"][:, 0, :]
-    k = h @ p["layers_0"]["attention"]["key"]["kernel"][:, 0, :]
-    return q @ k.T / math.sqrt(config.width)
+    attention = p["layers_0"]["attention"]
+    q, k, v = (h @ attention[name]["kernel"][:, 0, :] for name in ("query", "key", "value"))
+    logits = q @ k.T * logit_scale
+    if config.objective == "causal":
+        logits = np.where(np.tril(np.ones((length, length), bool)), logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return (weights @ v) @ attention["out"]["kernel"][0]
 
 
-def test_log_length_scaling_matches_hand_computation():
+def _model_attention_output(config, params, tokens):
+    """What the model's first attention sublayer really outputs (captured from a forward pass)."""
+    unrolled = dataclasses.replace(config, scan_layers=False)
+    _, state = Transformer(unrolled).apply({"params": unstack_layers(params, 1)}, tokens,
+                                           capture_intermediates=True, mutable=["intermediates"])
+    return np.asarray(state["intermediates"]["layers_0"]["attention"]["__call__"][0][0])
+
+
+@pytest.mark.parametrize("objective", ["causal", "masked"])
+def test_log_length_scaling_matches_hand_computation(objective):
     length = 6
-    for objective in ("causal", "masked"):
-        config = ModelConfig(depth=1, width=32, num_heads=1, objective=objective, attention_scale="log_length")
-        params = init_params(config, jax.random.PRNGKey(0))
-        tokens = jax.random.randint(jax.random.PRNGKey(1), (1, length), 0, 256)
-        standard = _one_head_attention_by_hand(config, params, tokens)
-        if objective == "causal":
-            expected = standard * np.log(np.arange(1, length + 1))[:, None]
-        else:
-            expected = standard * np.log(length)
-        scale = attention_logit_scale(config, length, None) * math.sqrt(config.width)
-        np.testing.assert_allclose(np.broadcast_to(np.asarray(scale)[0, 0] if np.ndim(scale) else scale,
-                                                   (length, length)) * standard, expected, rtol=1e-6)
-        # and the model really applies it
-        standard_config = ModelConfig(depth=1, width=32, num_heads=1, objective=objective)
-        out_log = forward(config, params, tokens)
-        out_std = forward(standard_config, params, tokens)
-        assert not np.allclose(out_log, out_std)
+    config = ModelConfig(depth=1, width=32, num_heads=1, objective=objective, attention_scale="log_length",
+                         init_std=0.5)  # large weights: sharp attention, so a wrong scale shows
+    params = init_params(config, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (1, length), 0, 256)
+    # log n: n = keys a query sees (i + 1 under causal attention, all 6 tokens bidirectionally)
+    log_n = np.log(np.arange(1, length + 1))[:, None] if objective == "causal" else np.log(length)
+    expected = _one_head_attention_by_hand(config, params, tokens, log_n / math.sqrt(config.width))
+    np.testing.assert_allclose(_model_attention_output(config, params, tokens), expected, rtol=1e-4, atol=1e-5)
+    # The same weights without the log factor give the standard model, and differ from it.
+    standard_config = dataclasses.replace(config, attention_scale="standard")
+    standard = _one_head_attention_by_hand(config, params, tokens, 1 / math.sqrt(config.width))
+    np.testing.assert_allclose(_model_attention_output(standard_config, params, tokens), standard,
+                               rtol=1e-4, atol=1e-5)
+    assert np.abs(expected - standard).max() > 1e-2
+
+
+def test_log_length_counts_only_real_tokens_under_padding():
+    config = ModelConfig(depth=1, width=32, num_heads=1, objective="masked", attention_scale="log_length")
+    input_mask = jnp.array([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], jnp.float32)
+    scale = np.asarray(attention_logit_scale(config, 6, input_mask)).reshape(-1) * math.sqrt(config.width)
+    np.testing.assert_allclose(scale, np.log([3.0, 6.0]), rtol=1e-6)
+
+
+LABELS = (48, 49)  # byte ids of '0' and '1'
+
+
+def _label_batch(length=5, batch=4):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(48, 50, (batch, length)).astype(np.int32)
+    tokens[:, 0] = 259
+    targets = np.zeros((batch, length), np.int32)
+    targets[:, 0] = np.where(rng.random(batch) < 0.5, *LABELS)
+    weights = np.zeros((batch, length), np.float32)
+    weights[:, 0] = 1.0
+    return {"inputs": jnp.asarray(tokens), "targets": jnp.asarray(targets), "weights": jnp.asarray(weights),
+            "input_mask": jnp.ones((batch, length), jnp.float32)}
+
+
+def test_labels_are_read_from_the_two_label_logits_only():
+    config = ModelConfig(depth=1, width=16, num_heads=1, objective="masked", max_seq_len=8)
+    model, batch = Transformer(config), _label_batch()
+    params = init_params(config, jax.random.PRNGKey(0))
+    loss, aux = compute_loss(model, params, batch, label_ids=LABELS)
+    # By hand: binary cross-entropy of the two label logits at CLS.
+    logits = np.asarray(model.apply({"params": params}, batch["inputs"], batch["input_mask"]))[:, 0]
+    pair = logits[:, list(LABELS)]
+    classes = (np.asarray(batch["targets"][:, 0]) == LABELS[1]).astype(int)
+    log_p = pair - np.logaddexp(pair[:, 0], pair[:, 1])[:, None]
+    np.testing.assert_allclose(float(loss), -log_p[np.arange(4), classes].mean(), rtol=1e-5)
+    assert float(aux["correct"]) == (pair.argmax(1) == classes).sum() and float(aux["tokens"]) == 4
+    # Moving any other logit changes nothing; moving a label logit does.
+    unembedding = params["unembedding"]["kernel"]
+    other = jax.tree_util.tree_map(lambda x: x, params)
+    other["unembedding"]["kernel"] = unembedding.at[0, 100].add(50.0).at[1, 259].add(-50.0)
+    np.testing.assert_allclose(float(compute_loss(model, other, batch, label_ids=LABELS)[0]), float(loss), rtol=1e-6)
+    moved = jax.tree_util.tree_map(lambda x: x, params)
+    moved["unembedding"]["kernel"] = unembedding.at[0, LABELS[1]].add(5.0)
+    assert abs(float(compute_loss(model, moved, batch, label_ids=LABELS)[0]) - float(loss)) > 1e-3
+    # Without label_ids the loss is the softmax over the whole vocabulary: other logits count.
+    assert float(compute_loss(model, other, batch)[0]) != pytest.approx(float(compute_loss(model, params, batch)[0]))
+
+
+def test_torch_init_draws_pytorch_default_ranges():
+    config = ModelConfig(depth=1, width=64, num_heads=4, init_scheme="torch", use_bias=True, scan_layers=False)
+    p = init_params(config, jax.random.PRNGKey(0))
+    bound = lambda x: float(np.abs(np.asarray(x)).max())  # noqa: E731
+    assert 0.9 / 8 < bound(p["layers_0"]["mlp"]["wi"]["kernel"]) <= 1 / 8  # U(±1/sqrt(64))
+    assert 0.9 / 16 < bound(p["layers_0"]["mlp"]["wo"]["kernel"]) <= 1 / 16  # fan_in 256
+    assert 0.9 / 8 < bound(p["layers_0"]["attention"]["out"]["kernel"]) <= 1 / 8
+    xavier = math.sqrt(6 / (64 + 3 * 64))  # the packed [3d, d] in-projection
+    assert 0.9 * xavier < bound(p["layers_0"]["attention"]["query"]["kernel"]) <= xavier
+    assert abs(float(np.std(np.asarray(p["token_embedding"]["embedding"]))) - 1.0) < 0.05
+    normal = init_params(dataclasses.replace(config, init_scheme="normal"), jax.random.PRNGKey(0))
+    assert abs(float(np.std(np.asarray(normal["token_embedding"]["embedding"]))) - 0.02) < 0.002
 
 
 def test_it_learns_a_fixed_batch():

@@ -268,6 +268,41 @@ def test_expansion_names_ids_and_configs():
     assert not {r.run_id for r in longer.expand().runs} & {r.run_id for r in runs}
 
 
+def test_variants_cross_the_grid_with_their_own_overrides_and_seeds():
+    base = write_sweep_text("depths=(1,), widths={1: (16,)}, seeds=(0, 1, 2)")()
+    variants = (spec.Variant("a", ("model.attention_scale=log_length",)),
+                spec.Variant("b", ("steps=13", "data.seq_len=32"), seeds=(5,)))
+    sweep = Sweep(name="unit", base=base.base, depths=(1,), widths={1: (16,)}, seeds=(0, 1, 2), variants=variants)
+    runs = sweep.expand().runs
+    assert [r.name for r in runs] == ["a-L1-d16-s0", "a-L1-d16-s1", "a-L1-d16-s2", "b-L1-d16-s5"]
+    assert all(r.config.model.attention_scale == "log_length" for r in runs[:3])
+    assert (runs[3].config.steps, runs[3].config.data.seq_len, runs[3].seed) == (13, 32, 5)
+    assert len({r.run_id for r in runs}) == 4
+    assert sweep.to_dict()["variants"][1] == {"tag": "b", "overrides": ["steps=13", "data.seq_len=32"], "seeds": [5]}
+    # A sweep without variants describes itself (and hashes) as before variants existed.
+    assert "variants" not in base.to_dict()
+    with pytest.raises(ValueError, match="seed"):
+        spec.Variant("c", ("seed=3",))
+    with pytest.raises(ValueError, match="distinct"):
+        Sweep(name="unit", base=base.base, depths=(1,), widths={1: (16,)}, variants=variants[:1] * 2)
+
+
+def test_log_length_sweep_expands_to_the_documented_grid():
+    runs = spec.load_sweep(REPO / "sweeps" / "configs" / "log_length.py").expand().runs
+    cells = {}
+    for run in runs:
+        c = run.config
+        cells.setdefault((c.data.source, c.data.synthetic_max_length, c.model.attention_scale), []).append(run.seed)
+        assert c.data.synthetic_min_length == c.data.synthetic_max_length
+        assert c.data.synthetic_eval_min_length == c.data.synthetic_eval_max_length == 1000
+        assert c.model.heads == (1 if c.data.source == "first" else 2)
+        shape = (c.model.depth, c.model.width, c.model.ff_width, c.model.norm, c.optim.peak_lr)
+        assert shape == (2, 16, 64, "post", 3e-4)
+        assert c.steps * c.batch_size == 200 * c.data.synthetic_train_size == 200 * 100
+    assert len(cells) == 12
+    assert all(len(seeds) == (5 if task == "parity" or n == 300 else 10) for (task, n, _), seeds in cells.items())
+
+
 @pytest.mark.parametrize("sweep_file", ["smoke.py", "cpu_mini.py", "paper.py"])
 def test_realised_sizes_are_within_rounding_of_their_budgets(sweep_file, monkeypatch):
     from scaling import data

@@ -302,3 +302,30 @@ def test_learning_rate_rules_set_per_group_step_sizes(rule, hidden, other, eight
     assert step_size(["layers", "attention", "query", "kernel"]) == pytest.approx(hidden, rel=1e-3)
     assert step_size(["token_embedding", "embedding"]) == pytest.approx(other, rel=1e-3)
     assert step_size(["unembedding", "kernel"]) == pytest.approx(other, rel=1e-3)
+
+
+def test_classification_record_holds_accuracy_and_bits(tmp_path):
+    """FIRST, learnable in a few hundred steps: the record's accuracy and bits are the eval's."""
+    config = TrainConfig(
+        model=ModelConfig(depth=2, width=16, num_heads=1, max_seq_len=33, objective="masked", norm="post"),
+        data=DataConfig(source="first", seq_len=33, synthetic_min_length=8, synthetic_max_length=8,
+                        synthetic_eval_min_length=8, synthetic_eval_max_length=8),
+        optim=OptimConfig(peak_lr=3e-3, warmup_steps=0, weight_decay=0.0),
+        steps=300, batch_size=16, eval_every=0, eval_batches=8, checkpoint_every=300, log_every=50,
+        wandb_mode="disabled", name="first")
+    result = train.run(config, tmp_path / "run", show_progress=False)
+    assert result.status == "finished"
+    assert result.final_eval_accuracy > 0.95  # chance is 0.5
+    assert result.final_eval_bits == pytest.approx(result.final_eval_loss / np.log(2))
+    assert result.final_eval_bits < 0.3  # of at most ~1 bit at chance
+    assert result.tokens_per_step == 16 * 9  # rows of 8 bits and CLS, not seq_len
+    on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert on_disk["final_eval_accuracy"] == result.final_eval_accuracy
+    last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["eval_accuracy"] == result.final_eval_accuracy
+
+
+def test_language_model_record_has_no_accuracy(tmp_path):
+    result = train.run(small_config(steps=2, checkpoint_every=2), tmp_path / "run", show_progress=False)
+    assert result.status == "finished"
+    assert result.final_eval_accuracy is None and result.final_eval_bits is None

@@ -1,0 +1,190 @@
+"""Length generalisation with and without log-length attention scaling, from run records.
+
+    python -m analysis log-length results/log_length
+    python -m analysis log-length results/log_length --format csv
+    python -m analysis log-length results/log_length --figure results/log_length/accuracy.png
+
+Reads every ``<run dir>/result.json`` (through ``scaling.records``) and the
+``config.json`` beside it under a sweep directory of classification runs
+(``sweeps/configs/log_length.py``), and groups finished runs by task
+(``first``/``parity``), training length n (bits) and arm (attention scale
+``standard`` or ``log_length``). For each group it reports the number of
+seeds and the mean ± sample standard deviation over seeds of the test
+accuracy and of the test cross-entropy in bits, both measured on the
+evaluation strings (length 1000 in the sweep). Each run counts once: a copied
+run directory (same run id) is counted a single time. Runs that are not
+finished are counted per status and left out.
+
+Only ``scaling.records`` is imported from the project, so this runs wherever
+the records are, without JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.errors import AnalysisInputError
+from scaling import records
+
+ARMS = ("standard", "log_length")
+TABLE_COLUMNS = ("task", "train_length", "arm", "seeds", "test_length", "accuracy_mean", "accuracy_std",
+                 "bits_mean", "bits_std", "train_bits_mean", "fitted")
+FITTED_BITS = 0.1  # a run "fitted" its training strings if its last logged training batch is below this
+
+
+@dataclasses.dataclass
+class LogLengthRuns:
+    """Finished runs, one row each (task, train_length, arm, seed, test_length, accuracy, bits, run_id),
+    and the count of records left out per reason."""
+
+    runs: pd.DataFrame
+    skipped: dict
+
+
+def load(directory) -> LogLengthRuns:
+    """The finished classification runs under ``directory`` (searched recursively for result.json)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise AnalysisInputError(f"{directory}: not a directory")
+    rows, skipped, seen = [], {}, set()
+
+    def skip(reason):
+        skipped[reason] = skipped.get(reason, 0) + 1
+
+    for record_file in sorted(root.rglob(records.RECORD_FILE)):
+        run_dir = record_file.parent
+        try:
+            record = records.read_record(run_dir)
+        except records.RecordError:
+            skip("unreadable record")
+            continue
+        if record.status != "finished":
+            skip(record.status)
+            continue
+        if record.run_id in seen:
+            skip("duplicate run id")
+            continue
+        try:
+            config = json.loads((run_dir / "config.json").read_text())
+            task, data = config["data"]["source"], config["data"]
+            arm = config["model"]["attention_scale"]
+        except (OSError, ValueError, KeyError, TypeError):
+            skip("no readable config.json")
+            continue
+        if task not in ("first", "parity"):
+            skip(f"not a classification run ({task})")
+            continue
+        if record.final_eval_accuracy is None or record.final_eval_bits is None:
+            raise AnalysisInputError(f"{record_file}: finished classification record lacks "
+                                     "final_eval_accuracy/final_eval_bits (written by older code?)")
+        seen.add(record.run_id)
+        rows.append({"task": task, "train_length": int(data["synthetic_max_length"]), "arm": arm,
+                     "seed": record.seed, "test_length": int(data["synthetic_eval_max_length"]),
+                     "accuracy": float(record.final_eval_accuracy), "bits": float(record.final_eval_bits),
+                     "train_bits": (math.nan if record.final_train_loss is None
+                                    else record.final_train_loss / math.log(2)),
+                     "run_id": record.run_id})
+    if not rows:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items())) or "none found"
+        raise AnalysisInputError(f"{directory}: no finished FIRST/PARITY runs ({reasons})")
+    return LogLengthRuns(pd.DataFrame(rows), skipped)
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sample std over seeds of test accuracy (fraction) and test cross-entropy (bits) per
+    (task, train_length, arm, test_length); std is NaN for a single seed. Also the mean training
+    cross-entropy of the last logged batch (bits; 10 strings, so noisy) and how many seeds fitted
+    their training strings (that batch below ``FITTED_BITS``)."""
+    runs = runs.assign(fitted=runs["train_bits"] < FITTED_BITS)
+    grouped = runs.groupby(["task", "train_length", "arm", "test_length"])
+    table = grouped.agg(seeds=("seed", "count"), accuracy_mean=("accuracy", "mean"),
+                        accuracy_std=("accuracy", "std"), bits_mean=("bits", "mean"),
+                        bits_std=("bits", "std"), train_bits_mean=("train_bits", "mean"),
+                        fitted=("fitted", "sum")).reset_index()
+    table["arm"] = pd.Categorical(table["arm"], categories=list(ARMS) + sorted(set(table["arm"]) - set(ARMS)))
+    table = table.sort_values(["task", "train_length", "arm"]).reset_index(drop=True)
+    table["arm"] = table["arm"].astype(str)
+    return table[list(TABLE_COLUMNS)]
+
+
+def _pm(mean, std, digits):
+    if std is None or (isinstance(std, float) and math.isnan(std)):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The table as Markdown: accuracy in percent, cross-entropy in bits, mean ± std over seeds, and
+    the number of seeds that fitted their training strings."""
+    lines = ["| task | train n | arm | seeds | test n | test accuracy (%) | test cross-entropy (bits) "
+             f"| fitted training set (train CE < {FITTED_BITS} bits) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for row in table.itertuples():
+        lines.append(f"| {row.task.upper()} | {row.train_length} | {row.arm} | {row.seeds} | {row.test_length} | "
+                     f"{_pm(100 * row.accuracy_mean, 100 * row.accuracy_std, 1)} | "
+                     f"{_pm(row.bits_mean, row.bits_std, 3)} | {row.fitted}/{row.seeds} |")
+    return "\n".join(lines)
+
+
+def figure(runs: pd.DataFrame, path) -> None:
+    """Test accuracy against training length (log axis), one panel per task, one line per arm:
+    mean over seeds with ± std bars, each seed a faint dot. Written to ``path`` (format from its suffix)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = summary_table(runs)
+    tasks = [t for t in ("first", "parity") if t in set(runs["task"])]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.6), squeeze=False, sharey=True)
+    colors = {"standard": "tab:blue", "log_length": "tab:orange"}
+    for ax, task in zip(axes[0], tasks):
+        for index, arm in enumerate(ARMS):
+            cell = table[(table["task"] == task) & (table["arm"] == arm)]
+            if cell.empty:
+                continue
+            shift = 1.04 if index else 1 / 1.04  # side by side, so the error bars do not overlap
+            seeds = runs[(runs["task"] == task) & (runs["arm"] == arm)]
+            ax.scatter(seeds["train_length"] * shift, 100 * seeds["accuracy"], s=9, alpha=0.35, color=colors[arm])
+            ax.errorbar(cell["train_length"] * shift, 100 * cell["accuracy_mean"],
+                        yerr=100 * cell["accuracy_std"].fillna(0.0), marker="o", capsize=3, color=colors[arm],
+                        label=f"{arm} attention")
+        ax.axhline(50, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        lengths = sorted(set(runs.loc[runs["task"] == task, "train_length"]))
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()
+        test = sorted(set(runs.loc[runs["task"] == task, "test_length"]))
+        ax.set_title(f"{task.upper()}, tested at n = {', '.join(map(str, test))}")
+        ax.set_xlabel("training length n (bits)")
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[0][0].set_ylim(0, 102)
+    axes[0][0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def run(directory, fmt: str = "markdown", figure_path=None) -> str:
+    """The table of ``directory``'s runs as text in ``fmt`` (markdown, csv or json); also draws the
+    figure when ``figure_path`` is given."""
+    loaded = load(directory)
+    table = summary_table(loaded.runs)
+    if figure_path:
+        figure(loaded.runs, figure_path)
+    if fmt == "csv":
+        return table.to_csv(index=False, float_format="%.6g").rstrip("\n")
+    if fmt == "json":
+        rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+                for row in json.loads(table.to_json(orient="records"))]
+        return json.dumps({"cells": rows, "skipped": loaded.skipped}, indent=2)
+    text = markdown(table)
+    if loaded.skipped:
+        text += "\n\nleft out: " + ", ".join(f"{count} {reason}" for reason, count in sorted(loaded.skipped.items()))
+    return text
