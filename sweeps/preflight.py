@@ -415,14 +415,14 @@ def main(sweep, args) -> int:
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``) and ``json`` (print
     a JSON list instead of the table).
     """
-    if not libtpu_installed():
-        print('error: the preflight needs the TPU compiler (libtpu); install it with: pip install -e ".[tpu]"',
-              file=sys.stderr)
-        return 2
-    try:
+    try:  # a bad topology is reported first: it is wrong whatever is installed
         topology = parse_topology(args.topology)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not libtpu_installed():
+        print('error: the preflight needs the TPU compiler (libtpu); install it with: pip install -e ".[tpu]"',
+              file=sys.stderr)
         return 2
     runs = _sweep_runs(sweep)
     as_json = getattr(args, "json", False)

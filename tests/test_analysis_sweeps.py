@@ -194,7 +194,7 @@ def test_two_point_fit_prints_no_goodness_of_fit(tmp_path, capsys):
 
 
 def test_launcher_summary_uses_the_analysis_and_counts_each_run_once():
-    from sweeps.launch import RunState, analysis_lines
+    from sweeps.state import RunState, analysis_lines
 
     runs = synthetic_runs(depths=(2, 4, 6), seeds=3, noise=0.003, rng=5)
     records = [json.loads(record(r.depth, r.width, r.seed, r.loss).to_json()) for r in runs.itertuples()]
