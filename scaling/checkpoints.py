@@ -93,7 +93,8 @@ class Checkpoints:
         # A failed restore leaves orbax's other read tasks to fail later on
         # closed event loops; each would print a traceback (through asyncio's
         # logger and the unraisable hook) that buries the one-line warning.
-        # Only those messages are dropped, and only until this run closes.
+        # From the first failed read until this run closes, asyncio's error
+        # log is silenced and the unraisable hook drops only these messages.
         self._asyncio_logger = logging.getLogger("asyncio")
         self._asyncio_level = self._asyncio_logger.level
         self._asyncio_logger.setLevel(logging.CRITICAL)
