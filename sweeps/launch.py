@@ -8,7 +8,8 @@
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
 
 Every command takes ``--set key=value`` (repeatable), applied to the sweep's
-base config before the grid is expanded, e.g. ``--set steps=100``.
+base config before the grid is expanded, e.g. ``--set steps=100``, and
+``--only GLOB`` (repeatable) to keep only the runs whose names match.
 
 Runs live in ``<workdir>/<sweep name>/<run_id>/``. A run's status comes from
 its directory: ``finished``, ``diverged`` or ``failed`` (its result.json),
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fnmatch
 import json
 import os
 import re
@@ -83,12 +85,23 @@ def _my_share(args, allow_env: bool) -> tuple[int, int] | None:
 
 
 def _my_runs(runs: list[RunSpec], share, args) -> tuple[list[RunSpec], str]:
-    """This process's runs and a phrase saying which share they are."""
+    """This process's runs and a phrase saying which share they are.
+
+    ``--only`` narrows the sweep before it is shared out, so every host
+    applies the same filter and the shares stay disjoint.
+    """
+    total = len(runs)
+    if getattr(args, "only", None):
+        runs = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in args.only)]
+        if not runs:
+            raise LauncherError(f"--only {' '.join(args.only)}: matches none of the {total} run names "
+                                "(see `python -m sweeps.launch list`)")
+    selected = f"{len(runs)} of {total} runs (--only)" if len(runs) != total else f"all {total} runs"
     if share is None:
-        return runs, f"all {len(runs)} runs"
+        return runs, selected
     mine = spec_lib.shard(runs, *share)
     source = "--shard" if args.shard is not None else "this host"
-    return mine, f"share {share[0]}/{share[1]} ({source}): {len(mine)} of {len(runs)} runs"
+    return mine, f"share {share[0]}/{share[1]} ({source}): {len(mine)} of {selected}"
 
 
 def cmd_list(sweep: Sweep, args) -> int:
@@ -399,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--shard", type=_shard_arg, metavar="I/N",
                         help="only share I of N of the runs (disjoint, balanced by cost), e.g. 0/4")
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common.add_argument("--only", action="append", default=[], metavar="GLOB",
+                        help="only runs whose name matches this shell pattern, e.g. 'L6-*-s0' (repeatable: "
+                             "any pattern may match); applied before --shard")
     common.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a base-config field before expansion, e.g. steps=100 (repeatable)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

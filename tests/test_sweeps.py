@@ -367,6 +367,23 @@ def test_shard_flag_selects_the_same_share(tmp_path, capsys):
     assert sorted(names) == sorted(run.name for run in runs)
 
 
+
+def test_only_narrows_the_sweep_before_it_is_shared(tmp_path, capsys):
+    sweep_file = write_sweep(tmp_path, "narrowed", "depths=(1, 2, 4), budgets=(3e4, 1e5, 3e5), seeds=(0, 1)")
+    runs = spec.load_sweep(sweep_file).expand().runs
+    wanted = [run for run in runs if run.depth in (2, 4) and run.seed == 0]
+    names = []
+    for index in range(2):
+        assert launch.main(["list", str(sweep_file), "--workdir", str(tmp_path), "--only", "L2-*-s0",
+                            "--only", "L4-*-s0", "--shard", f"{index}/2", "--json"]) == 0
+        listed = [run["name"] for run in json.loads(capsys.readouterr().out)["runs"]]
+        assert listed == [run.name for run in spec.shard(wanted, index, 2)]
+        names += listed
+    assert sorted(names) == sorted(run.name for run in wanted)
+    assert launch.main(["list", str(sweep_file), "--workdir", str(tmp_path), "--only", "L3-*"]) == 2
+    assert "--only L3-*: matches none of the 18 run names" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------
 # Hosts
 
