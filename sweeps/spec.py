@@ -190,7 +190,9 @@ class Sweep:
       widths are solved per depth. Give either ``budgets`` or ``widths``.
     - ``widths``: explicit widths per depth (dict depth -> sequence, channels).
     - ``seeds``: one run per seed (initialisation and data order).
-    - ``lr_grid``: optional ``optim.peak_lr`` values, one run per value per shape.
+    - ``lr_grid``: optional ``optim.peak_lr`` values, one run per value per shape;
+      the same for every depth (a sequence) or per depth (a dict depth ->
+      sequence), for a grid centred on each depth's own optimum.
     - ``peak_lr_by_depth``: optional dict depth -> ``optim.peak_lr``, for a
       rate calibrated per depth (cannot be combined with ``lr_grid``).
     - ``multiple_of``: width rounding in channels; keep it a multiple of
@@ -206,7 +208,7 @@ class Sweep:
     budgets: tuple[float, ...] | dict = ()
     widths: dict | None = None
     seeds: tuple[int, ...] = (0,)
-    lr_grid: tuple[float, ...] = ()
+    lr_grid: tuple[float, ...] | dict = ()
     multiple_of: int = 64
     peak_lr_by_depth: dict | None = None
     variants: tuple[Variant, ...] = ()
@@ -235,7 +237,10 @@ class Sweep:
         set_("seeds", _ints(self.seeds, "seeds"))
         if min(self.seeds) < 0:
             raise ValueError(f"seeds={self.seeds!r} is invalid: allowed integers >= 0")
-        set_("lr_grid", _positive_floats(self.lr_grid, "lr_grid") if self.lr_grid else ())
+        if isinstance(self.lr_grid, dict):
+            set_("lr_grid", self._per_depth(self.lr_grid, "lr_grid", _positive_floats))
+        else:
+            set_("lr_grid", _positive_floats(self.lr_grid, "lr_grid") if self.lr_grid else ())
         if self.peak_lr_by_depth:
             if self.lr_grid:
                 raise ValueError("give at most one of lr_grid (every rate for every shape) and peak_lr_by_depth")
@@ -281,7 +286,8 @@ class Sweep:
         for depth, width, point_budget in shapes:
             for variant in self.variants or (None,):
                 seeds = self.seeds if variant is None or variant.seeds is None else variant.seeds
-                for lr in self.lr_grid or (None,):
+                rates = self.lr_grid[depth] if isinstance(self.lr_grid, dict) else self.lr_grid
+                for lr in rates or (None,):
                     for seed in seeds:
                         runs.append(self._run(depth, width, seed, lr, point_budget, variant))
         names = [run.name for run in runs]
@@ -312,7 +318,8 @@ class Sweep:
         described = {"name": self.name, "base": to_dict(self.base), "depths": list(self.depths),
                 "budgets": per_depth(self.budgets) if isinstance(self.budgets, dict) else list(self.budgets),
                 "widths": per_depth(self.widths) if self.widths else None, "seeds": list(self.seeds),
-                "lr_grid": list(self.lr_grid), "multiple_of": self.multiple_of,
+                "lr_grid": per_depth(self.lr_grid) if isinstance(self.lr_grid, dict) else list(self.lr_grid),
+                "multiple_of": self.multiple_of,
                 # only when used, so sweeps without variants keep their digest
                 **({"variants": [v.to_dict() for v in self.variants]} if self.variants else {}),
                 "runs": [{"name": run.name, "run_id": run.run_id} for run in runs],

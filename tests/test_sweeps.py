@@ -552,6 +552,26 @@ def test_a_peak_rate_per_depth():
         spec.with_overrides(sweep, ["optim.peak_lr=1e-3"])
 
 
+
+def test_a_learning_rate_grid_per_depth():
+    base = write_sweep_text("depths=(1,), widths={1: (16,)}")().base
+    grid = {1: (1e-3, 2e-3), 2: (2e-3, 4e-3, 8e-3)}
+    sweep = Sweep(name="grid_per_depth", base=base, depths=(1, 2), widths={1: (16,), 2: (16,)}, lr_grid=grid,
+                  multiple_of=16)
+    runs, _ = sweep.expand()
+    assert sorted((r.depth, r.config.optim.peak_lr) for r in runs) == sorted(
+        (depth, lr) for depth, rates in grid.items() for lr in rates)
+    assert {r.name for r in runs if r.depth == 2} == {"L2-d16-s0-lr2e-03", "L2-d16-s0-lr4e-03", "L2-d16-s0-lr8e-03"}
+    assert sweep.to_dict()["lr_grid"] == {"1": [1e-3, 2e-3], "2": [2e-3, 4e-3, 8e-3]}
+    # A shared grid describes and expands as before.
+    shared = Sweep(name="grid_per_depth", base=base, depths=(1, 2), widths={1: (16,), 2: (16,)},
+                   lr_grid=(1e-3, 2e-3), multiple_of=16)
+    assert shared.to_dict()["lr_grid"] == [1e-3, 2e-3] and len(shared.expand().runs) == 4
+    for bad in ({1: (1e-3,)}, {1: (1e-3,), 2: (0.0,)}):
+        with pytest.raises(ValueError, match="lr_grid"):
+            Sweep(name="bad", base=base, depths=(1, 2), widths={1: (16,), 2: (16,)}, lr_grid=bad, multiple_of=16)
+
+
 def test_preflight_is_dispatched_lazily(tmp_path, monkeypatch):
     # Importing the launcher must not import the preflight (and, through it, libtpu's compiler path).
     probe = subprocess.run([sys.executable, "-c", "import sys, sweeps.launch; print('sweeps.preflight' in sys.modules)"],

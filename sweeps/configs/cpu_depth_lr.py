@@ -7,8 +7,8 @@ Depths 2, 3, 4 and 6 at N = 12·L·d² ≈ 1.2e6 (widths 224, 176, 160, 128, the
 middle of the window the main sweep covers), one seed, peak rates 1e-3,
 2e-3 and 4e-3 under a constant rule (the same rate for every parameter).
 A depth whose best rate lies at an end of the grid gets one more rate
-beyond it before the choice is made: three of the four depths were best at
-4e-3, so 8e-3 was added for every depth (one grid for all). The best rate per depth, or one rate that is within noise of the
+beyond it before the choice is made: depths 2, 4 and 6 were best at 4e-3,
+so each of them also has 8e-3. The best rate per depth, or one rate that is within noise of the
 best at every depth, becomes the main sweep's choice; the README of
 results/cpu_depth records which and why. Training setup: ``cpu_depth.base_config``.
 """
@@ -17,7 +17,9 @@ from sweeps.configs.cpu_depth import base_config
 from sweeps.spec import Sweep
 
 WIDTHS = {2: (224,), 3: (176,), 4: (160,), 6: (128,)}  # N = 12·L·d² of 1.20e6, 1.12e6, 1.23e6, 1.18e6
-LEARNING_RATES = (1e-3, 2e-3, 4e-3, 8e-3)  # 8e-3 added after depths 2, 4, 6 were best at 4e-3
+# 8e-3 was added for the depths that were best at 4e-3, the grid's upper end.
+LEARNING_RATES = {2: (1e-3, 2e-3, 4e-3, 8e-3), 3: (1e-3, 2e-3, 4e-3), 4: (1e-3, 2e-3, 4e-3, 8e-3),
+                  6: (1e-3, 2e-3, 4e-3, 8e-3)}
 
 
 def sweep() -> Sweep:
