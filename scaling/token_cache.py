@@ -242,7 +242,7 @@ class TokenCache:
 
 def _check_agrees(metadata: dict, config: DataConfig, where: str) -> None:
     built, wanted = metadata["source"], describe_source(config)
-    for name in sorted(set(built) | set(wanted)):
+    for name in [*built, *(name for name in wanted if name not in built)]:  # source first
         if built.get(name) != wanted.get(name):
             raise CacheError(f"token cache {where} was built with {name}={built.get(name)!r} but the config has "
                              f"data.{name}={wanted.get(name)!r}; point data.cache_dir at a cache of this data or "
