@@ -42,8 +42,10 @@ checks every shard against its hash and rebuilds damaged ones.
 Reading (``open_cache``) touches only ``metadata.json``, ``tokenizer.json``,
 one directory listing, and then the byte ranges of the windows asked for:
 ``TokenStream.read_windows`` turns each window into one range per shard it
-spans and fetches them with fsspec's ``cat_ranges`` (concurrent HTTP range
-requests on ``gs://``). A process therefore reads only its own rows.
+spans and fetches a batch's ranges with fsspec's ``cat_ranges`` (concurrent
+HTTP range requests on ``gs://``); local shards are memory-mapped instead,
+which reads only the pages the windows touch. A process therefore reads only
+its own rows.
 
 Why hand-written ``.npy`` shards and not Grain or ArrayRecord
     Both install from PyPI (grain 0.2.18 adds array-record, absl-py,
@@ -174,6 +176,10 @@ class TokenStream:
                                  "build it again with the same `python -m scaling.data cache` command")
         self.bytes_read = 0
         self._lock = threading.Lock()
+        # Local shards are memory-mapped (no system call per window); other
+        # filesystems get exact byte-range requests, all of a batch at once.
+        self._local = "file" in np.atleast_1d(fs.protocol).tolist()
+        self._maps: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -184,26 +190,44 @@ class TokenStream:
         if len(starts) and (starts.min() < 0 or starts.max() + length > len(self)):
             raise IndexError(f"windows of {length} tokens at {starts.min()}..{starts.max()} leave the "
                              f"stream of {len(self)} tokens")
+        out = np.empty((len(starts), max(length, 0)), dtype=self.dtype)
         if length <= 0 or not len(starts):
-            return np.zeros((len(starts), max(length, 0)), dtype=self.dtype)
+            return out
         first = np.searchsorted(self.offsets, starts, side="right") - 1
         last = np.searchsorted(self.offsets, starts + length - 1, side="right") - 1
-        paths, begins, ends = [], [], []
-        size = self.dtype.itemsize
-        for start, a, b in zip(starts.tolist(), first.tolist(), last.tolist()):
+        pieces = []  # (row, column, shard, first token in shard, end token in shard)
+        for row, (start, a, b) in enumerate(zip(starts.tolist(), first.tolist(), last.tolist())):
             for k in range(a, b + 1):  # usually one shard; two where a window crosses a boundary
                 low = max(start, int(self.offsets[k])) - int(self.offsets[k])
                 high = min(start + length, int(self.offsets[k + 1])) - int(self.offsets[k])
-                paths.append(self.paths[k])
-                begins.append(self.data_offsets[k] + low * size)
-                ends.append(self.data_offsets[k] + high * size)
-        pieces = self.fs.cat_ranges(paths, begins, ends, on_error="raise")
-        raw = b"".join(pieces)
-        if len(raw) != len(starts) * length * size:
-            raise CacheError(f"short read from {self.paths[int(first[0])]}: the cache changed while reading")
+                pieces.append((row, int(self.offsets[k]) + low - start, k, low, high))
+        if self._local:
+            for row, column, k, low, high in pieces:
+                out[row, column:column + high - low] = self._memory_map(k)[low:high]
+        else:
+            size = self.dtype.itemsize
+            blobs = self.fs.cat_ranges([self.paths[k] for _, _, k, _, _ in pieces],
+                                       [self.data_offsets[k] + low * size for _, _, k, low, _ in pieces],
+                                       [self.data_offsets[k] + high * size for _, _, k, _, high in pieces],
+                                       on_error="raise")
+            for (row, column, k, low, high), blob in zip(pieces, blobs):
+                if len(blob) != (high - low) * size:
+                    raise CacheError(f"short read from {self.paths[k]}: the cache changed while reading")
+                out[row, column:column + high - low] = np.frombuffer(blob, dtype=self.dtype)
         with self._lock:
-            self.bytes_read += len(raw)
-        return np.frombuffer(raw, dtype=self.dtype).reshape(len(starts), length)
+            self.bytes_read += out.nbytes
+        return out
+
+    def _memory_map(self, k: int) -> np.ndarray:
+        """Shard ``k`` mapped read-only: slicing it reads only the pages it touches."""
+        if k not in self._maps:
+            with self._lock:
+                if k not in self._maps:
+                    count = int(self.offsets[k + 1] - self.offsets[k])
+                    self._maps[k] = np.memmap(self.paths[k], dtype=self.dtype, mode="r",
+                                              offset=self.data_offsets[k], shape=(count,)) if count else \
+                        np.zeros(0, dtype=self.dtype)
+        return self._maps[k]
 
     def __getitem__(self, item) -> np.ndarray:
         if not isinstance(item, slice) or item.step not in (None, 1):
