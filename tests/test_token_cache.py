@@ -9,6 +9,8 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
+import shlex
 import subprocess
 import sys
 
@@ -209,3 +211,21 @@ def test_cache_dir_leaves_run_ids_unchanged():
         assert config_id(config) == path.parent.name, path
         cached = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir="gs://b/tokens"))
         assert config_id(cached) == path.parent.name
+
+
+def documented_cache_commands(text: str) -> list[list[str]]:
+    """The ``python -m scaling.data cache`` commands in ``text`` (backslash continuations joined), as words."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [shlex.split(line.strip())[3:] for line in joined.splitlines()
+            if line.strip().startswith("python -m scaling.data cache ")]
+
+
+def test_the_paper_sweep_and_readme_cache_the_corpus_the_sweep_trains_on():
+    from sweeps.configs import paper
+
+    commands = documented_cache_commands(paper.__doc__) + documented_cache_commands((REPO / "README.md").read_text())
+    assert len(commands) == 2
+    for words in commands:
+        args = data._parser().parse_args([word.replace("$BUCKET", "gs://b") for word in words])
+        built_for = data._config_from_args(args)
+        assert token_cache.describe_source(built_for) == token_cache.describe_source(paper.sweep().base.data)
