@@ -23,7 +23,6 @@ fetched per token, beside the train step's tokens/s.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 import time
@@ -140,7 +139,8 @@ def main() -> None:
     print(f"{'batch':>6} {'seq_len':>8} {'build s':>8} {'tokens/s':>14}")
     for r in results:
         print(f"{r['batch_size']:>6} {r['seq_len']:>8} {r['build_seconds']:>8.2f} {r['tokens_per_second']:>14,}")
-    print(f"\ncache reads, process 0 of {args.processes} ({'--cache-dir ' + args.cache_dir if args.cache_dir else 'built-in corpus'}):")
+    where = f"--cache-dir {args.cache_dir}" if args.cache_dir else "built-in corpus"
+    print(f"\ncache reads, process 0 of {args.processes} ({where}):")
     print(f"{'batch':>6} {'seq_len':>8} {'tokens/s/process':>17} {'bytes/token':>12}")
     for r in cached:
         print(f"{r['batch_size']:>6} {r['seq_len']:>8} {r['tokens_per_second_per_process']:>17,} "

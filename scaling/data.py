@@ -48,8 +48,8 @@ Order and resume
 
 Multi-host
     Process ``p`` of ``P`` gets rows ``p*B/P .. (p+1)*B/P - 1`` of the global
-    batch and computes only those. Concatenating all processes' rows gives the
-    single-process batch.
+    batch and computes (for text: reads from the token cache) only those.
+    Concatenating all processes' rows gives the single-process batch.
 
 Validation
     Fixed: consecutive non-overlapping windows of the validation stream from
@@ -61,7 +61,8 @@ Fingerprint
     SHA-256 of the corpus text (train and validation documents in order),
     the tokenizer (its full serialization), the split fraction and a format
     version; for synthetic tasks, of the task's settings. Runs with different
-    fingerprints were trained on different data.
+    fingerprints were trained on different data. A token cache stores the
+    fingerprint computed when it was built, so reading it needs no text.
 
 Command line: ``python -m scaling.data --help``.
 """
@@ -81,7 +82,7 @@ import numpy as np
 
 from scaling import token_cache
 from scaling.config import DataConfig
-from scaling.token_cache import FORMAT_VERSION, SPECIAL_TOKENS, default_cache_dir, pack  # noqa: F401 - re-exported
+from scaling.token_cache import SPECIAL_TOKENS
 from scaling.tokenizer import ByteTokenizer
 
 VALIDATION_SEED = 20200  # synthetic validation examples use this seed, never the run's

@@ -305,7 +305,8 @@ def open_cache(directory, config: DataConfig | None = None) -> TokenCache:
     if tokenizer.identity != metadata["tokenizer_identity"]:
         raise CacheError(f"token cache {where}: {TOKENIZER_FILE} is not the tokenizer the tokens were made with")
     fs, root = fsspec.core.url_to_fs(where)
-    sizes = {posixpath.basename(entry["name"].rstrip("/")): entry["size"] for entry in fs.ls(root, detail=True)}
+    listing = fs.ls(root, detail=True, refresh=True)  # refresh: gcsfs would answer from a stale listing
+    sizes = {posixpath.basename(entry["name"].rstrip("/")): entry["size"] for entry in listing}
     dtype = np.dtype(metadata["dtype"])
     streams = [TokenStream(fs, root, metadata["shards"][split], dtype, sizes, where) for split in SPLITS]
     return TokenCache(directory, metadata, tokenizer, *streams)
@@ -466,7 +467,8 @@ def build_cache(config: DataConfig, directory=None, documents_per_shard: int = D
         "base_vocab_size": tokenizer.base_vocab_size, "vocab_size": vocab_size, "dtype": dtype.str,
         "corpus_sha256": text_hash, "documents_per_shard": per_shard,
         "documents": {split: len(texts) for split, texts in zip(SPLITS, (train, validation))},
-        "bytes": {split: sum(len(t.encode("utf-8")) for t in texts) for split, texts in zip(SPLITS, (train, validation))},
+        "bytes": {split: sum(len(text.encode("utf-8")) for text in texts)
+                  for split, texts in zip(SPLITS, (train, validation))},
         "tokens": {split: count(split, "tokens") for split in SPLITS},
         "tokens_sha256": hashlib.sha256(json.dumps([[s["file"], s["tokens"], s["sha256"]] for split in SPLITS
                                                     for s in shards[split]]).encode()).hexdigest(),

@@ -121,7 +121,8 @@ def test_an_interrupted_build_resumes_where_it_stopped(tmp_path, monkeypatch):
     finished = {name: (directory / f"{name}.npy").stat().st_mtime_ns for name in written}
 
     resumed = []
-    monkeypatch.setattr(token_cache, "_write_shard", lambda d, name, *a: resumed.append(name) or real_write(d, name, *a))
+    monkeypatch.setattr(token_cache, "_write_shard",
+                        lambda directory, name, *args: resumed.append(name) or real_write(directory, name, *args))
     token_cache.build_cache(config, directory, documents_per_shard=7)
     assert not set(resumed) & set(written) and resumed  # finished shards were skipped, the rest written
     assert {name: (directory / f"{name}.npy").stat().st_mtime_ns for name in written} == finished
