@@ -2,8 +2,8 @@
 
 Runs ``Pipeline.train_iterator`` (background prefetch) for a few batch shapes
 and reports input tokens (batch x seq_len) per second of wall time, plus the
-one-off build time. The pipeline must stay far ahead of training (issue 3
-asks for 20x the training tokens/s of an L=4, d=256 model).
+one-off build time. The pipeline must stay far ahead of training (at least
+20x the training tokens/s of an L=4, d=256 model).
 
     python benchmarks/data_throughput.py            # a table
     python benchmarks/data_throughput.py --json     # one JSON object
