@@ -56,11 +56,13 @@ Why hand-written ``.npy`` shards and not Grain or ArrayRecord
     either change the batches or need a stream reassembled from record
     chunks anyway. Grain's strengths (worker pools, checkpointable iterator
     state) are not needed: a batch is a pure function of (seed, step) and a
-    step's rows are a few byte ranges. ArrayRecord also reads ``gs://``
-    through its own C++ file layer rather than fsspec. A plain ``.npy`` stays
-    readable with ``np.load`` by anyone, and fsspec's exact range requests avoid
-    the megabytes of read-ahead a buffered ``gs://`` file object fetches per
-    seek.
+    step's rows are a few byte ranges. ArrayRecord opens files by path, so
+    pods usually mount the bucket with gcsfuse for it (MaxText ships a
+    ``setup_gcsfuse.sh`` for its Grain datasets): one more service per host.
+    Here ``gs://`` goes through fsspec like every other file of the project.
+    A plain ``.npy`` stays readable with ``np.load`` by anyone, and fsspec's
+    exact range requests avoid the megabytes of read-ahead a buffered
+    ``gs://`` file object fetches per seek.
 
 Command line: ``python -m scaling.data cache --help``.
 """
