@@ -188,6 +188,8 @@ class DataConfig:
     # fixes a training set of K strings per seed, visited once per epoch in a
     # fresh random order (a finite training set, as in the classification papers).
     synthetic_train_size: int = 0
+    # A token cache built by ``python -m scaling.data cache`` (local or gs://):
+    # text sources then read only it. Not part of the run id (same tokens, same run).
     cache_dir: str = ""
 
     def __post_init__(self):

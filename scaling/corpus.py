@@ -67,9 +67,12 @@ def builtin_documents(path: pathlib.Path = CORPUS_FILE) -> list[tuple[str, str]]
 LOCAL_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def _texts_from_stream(dataset, field: str, limit: int, where: str) -> list[str]:
+def _texts_from_stream(dataset, field: str, limit: int, where: str, show_progress: bool = False) -> list[str]:
+    from tqdm import tqdm
+
     texts = []
-    for row in itertools.islice(dataset, limit):
+    rows = itertools.islice(dataset, limit)
+    for row in tqdm(rows, total=limit, unit="doc", desc=f"reading {where}", disable=not show_progress):
         if field not in row:
             raise ValueError(f"text_field={field!r} is not a column of {where}: columns are {sorted(row)}")
         if row[field]:
@@ -79,7 +82,7 @@ def _texts_from_stream(dataset, field: str, limit: int, where: str) -> list[str]
     return texts
 
 
-def load_hub_documents(config: DataConfig) -> list[str]:
+def load_hub_documents(config: DataConfig, show_progress: bool = False) -> list[str]:
     """Up to ``config.max_documents`` texts streamed from a Hugging Face
     dataset (hub name, or a local folder laid out like a hub dataset repo)."""
     import datasets  # heavy import, only for the sources that need it
@@ -88,14 +91,14 @@ def load_hub_documents(config: DataConfig) -> list[str]:
     try:
         dataset = datasets.load_dataset(config.hub_name, config.hub_config or None,
                                         split=config.hub_split, streaming=True)
-        return _texts_from_stream(dataset, config.text_field, config.max_documents, where)
+        return _texts_from_stream(dataset, config.text_field, config.max_documents, where, show_progress)
     except ValueError:
         raise
     except Exception as error:  # datasets raises many types for missing names, splits, network
         raise ValueError(f"could not stream {where}: {type(error).__name__}: {error}") from error
 
 
-def load_local_documents(config: DataConfig) -> list[str]:
+def load_local_documents(config: DataConfig, show_progress: bool = False) -> list[str]:
     """Up to ``config.max_documents`` texts from local text / jsonl / parquet
     files (one kind per config), read through ``datasets``."""
     import datasets
@@ -112,17 +115,18 @@ def load_local_documents(config: DataConfig) -> list[str]:
     dataset = datasets.load_dataset(builder, data_files=[str(p) for p in config.paths], split="train",
                                     streaming=True, **options)
     field = "text" if builder == "text" else config.text_field
-    return _texts_from_stream(dataset, field, config.max_documents, f"files {list(config.paths)}")
+    return _texts_from_stream(dataset, field, config.max_documents, f"files {list(config.paths)}", show_progress)
 
 
-def load_documents(config: DataConfig) -> list[str]:
-    """The texts of a text source (builtin, hub or local), in source order."""
+def load_documents(config: DataConfig, show_progress: bool = False) -> list[str]:
+    """The texts of a text source (builtin, hub or local), in source order; with
+    ``show_progress``, a progress bar (stderr) while a hub or local stream is read."""
     if config.source == "builtin":
         return [text for _, text in builtin_documents()]
     if config.source == "hub":
-        return load_hub_documents(config)
+        return load_hub_documents(config, show_progress)
     if config.source == "local":
-        return load_local_documents(config)
+        return load_local_documents(config, show_progress)
     raise ValueError(f"source={config.source!r} is not a text source")
 
 

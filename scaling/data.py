@@ -27,8 +27,15 @@ Tokens and packing
     eos. A training example is a window of ``seq_len + 1`` tokens:
     ``inputs = window[:-1]``, ``targets = window[1:]``, all weights 1. The
     masked objective uses the same ``inputs``; the trainer masks them itself.
-    Tokenized streams are cached in ``cache_dir`` (default
-    ``~/.cache/scaling-data``), keyed by the fingerprint.
+
+Token cache (``scaling.token_cache``)
+    Every text source is read through a token cache, one code path. With
+    ``cache_dir`` set, the pipeline reads only that pre-built cache (local or
+    ``gs://``; build it once with ``python -m scaling.data cache``): the
+    fingerprint comes from its metadata, no source or hub is touched, and each
+    process fetches only the windows of its own rows. Unset, the source is read,
+    tokenised into ``~/.cache/scaling-data/tokens-<fingerprint>`` on first use,
+    and read from there.
 
 Order and resume
     Epoch ``e`` of seed ``s`` shifts the window grid by a random offset in
@@ -41,8 +48,8 @@ Order and resume
 
 Multi-host
     Process ``p`` of ``P`` gets rows ``p*B/P .. (p+1)*B/P - 1`` of the global
-    batch and computes only those. Concatenating all processes' rows gives the
-    single-process batch.
+    batch and computes (for text: reads from the token cache) only those.
+    Concatenating all processes' rows gives the single-process batch.
 
 Validation
     Fixed: consecutive non-overlapping windows of the validation stream from
@@ -54,7 +61,8 @@ Fingerprint
     SHA-256 of the corpus text (train and validation documents in order),
     the tokenizer (its full serialization), the split fraction and a format
     version; for synthetic tasks, of the task's settings. Runs with different
-    fingerprints were trained on different data.
+    fingerprints were trained on different data. A token cache stores the
+    fingerprint computed when it was built, so reading it needs no text.
 
 Command line: ``python -m scaling.data --help``.
 """
@@ -66,36 +74,22 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
-import pathlib
 import queue
 import sys
 import threading
 
 import numpy as np
 
-from scaling import corpus
+from scaling import token_cache
 from scaling.config import DataConfig
-from scaling.tokenizer import ByteTokenizer, build_tokenizer
+from scaling.token_cache import SPECIAL_TOKENS
+from scaling.tokenizer import ByteTokenizer
 
-FORMAT_VERSION = "scaling-data-v1"  # bump when splitting, packing or order change
 VALIDATION_SEED = 20200  # synthetic validation examples use this seed, never the run's
-SPECIAL_TOKENS = ("pad", "eos", "mask", "cls")  # ids right after the tokenizer's, in this order
 
 
 # ---------------------------------------------------------------------------
-# Packing and pipelines
-
-
-def pack(token_lists: list[np.ndarray], eos_id: int, dtype) -> np.ndarray:
-    """One token stream: each document followed by ``eos_id``."""
-    eos = np.array([eos_id], dtype=dtype)
-    return np.concatenate([piece for ids in token_lists for piece in (ids.astype(dtype), eos)])
-
-
-def default_cache_dir() -> pathlib.Path:
-    """``$XDG_CACHE_HOME/scaling-data`` or ``~/.cache/scaling-data``."""
-    return pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "scaling-data"
+# Pipelines
 
 
 class Pipeline:
@@ -190,7 +184,8 @@ class Pipeline:
 
 
 class TextPipeline(Pipeline):
-    """Packed windows of a tokenized text corpus (``kind = "lm"``)."""
+    """Packed windows of a tokenized text corpus (``kind = "lm"``). The two
+    streams are ``token_cache.TokenStream``s: each batch reads only its windows."""
 
     def __init__(self, config, tokenizer, train_tokens, validation_tokens, fingerprint, stats):
         super().__init__(config, tokenizer, fingerprint)
@@ -229,7 +224,7 @@ class TextPipeline(Pipeline):
         else:
             starts = (indices % self.validation_windows) * T
             stream = self.validation_tokens
-        windows = stream[starts[:, None] + np.arange(T + 1)].astype(np.int32)
+        windows = stream.read_windows(starts, T + 1).astype(np.int32)
         ones = np.ones((len(indices), T), dtype=np.float32)
         return {"inputs": np.ascontiguousarray(windows[:, :-1]), "targets": np.ascontiguousarray(windows[:, 1:]),
                 "weights": ones, "input_mask": ones.copy()}
@@ -276,7 +271,7 @@ class ClassificationTask(Pipeline):
             "source", "synthetic_min_length", "synthetic_max_length",
             "synthetic_eval_min_length", "synthetic_eval_max_length", "synthetic_train_size")}
         settings["layout"] = "cls-first-own-padding"
-        super().__init__(config, ByteTokenizer(), _settings_fingerprint(settings))
+        super().__init__(config, ByteTokenizer(), token_cache.settings_fingerprint(settings))
 
     def label(self, bits: np.ndarray) -> int:
         """The class (0 or 1) of one bit string."""
@@ -338,7 +333,7 @@ class LookbackTask(Pipeline):
             raise ValueError(f"lookback_distance={config.lookback_distance} must be < seq_len={config.seq_len}")
         settings = {"source": "lookback", "seq_len": config.seq_len, "lookback_distance": config.lookback_distance,
                     "copy_rate": LOOKBACK_COPY_RATE, "alphabet": len(LOOKBACK_ALPHABET)}
-        super().__init__(config, ByteTokenizer(), _settings_fingerprint(settings))
+        super().__init__(config, ByteTokenizer(), token_cache.settings_fingerprint(settings))
 
     def examples(self, split, seed, indices):
         T, D = self.seq_len, self.config.lookback_distance
@@ -358,83 +353,15 @@ class LookbackTask(Pipeline):
                 "input_mask": np.ones((len(indices), T), dtype=np.float32)}
 
 
-def _settings_fingerprint(settings: dict) -> str:
-    text = json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _streams_digest(train: np.ndarray, validation: np.ndarray) -> str:
-    """SHA-256 hex over both streams' dtype, length and bytes."""
-    digest = hashlib.sha256()
-    for stream in (train, validation):
-        digest.update(f"{stream.dtype.str}:{len(stream)};".encode())
-        digest.update(np.ascontiguousarray(stream).tobytes())
-    return digest.hexdigest()
-
-
-def _cached_streams(path: pathlib.Path, make):
-    """Load the (train, validation) token streams from ``path`` or build them
-    with ``make()`` and save them there atomically.
-
-    A SHA-256 of the streams is stored beside the cache (``<path>.sha256``);
-    a cache that does not match it (truncated, overwritten, or written
-    without one) is reported and rebuilt, never trained on.
-    """
-    digest_path = path.with_name(path.name + ".sha256")
-    if path.exists():
-        try:
-            with np.load(path) as saved:
-                train, validation = saved["train"], saved["validation"]
-            expected = digest_path.read_text().strip() if digest_path.exists() else None
-            if expected is None:
-                problem = f"no checksum file {digest_path.name}"
-            elif _streams_digest(train, validation) != expected:
-                problem = "its contents do not match its checksum"
-            else:
-                return train, validation
-        except Exception as error:  # noqa: BLE001 - zip, pickle and key errors all mean "damaged"
-            problem = f"cannot be read ({type(error).__name__}: {error})"
-        print(f"warning: token cache {path}: {problem}; rebuilding it", file=sys.stderr)
-    train, validation = make()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, train=train, validation=validation)
-    # The checksum goes first: a crash between the two renames leaves a cache
-    # that fails its check and is rebuilt, never one that is trusted unchecked.
-    tmp_digest = digest_path.with_name(f"{digest_path.name}.{os.getpid()}.tmp")
-    tmp_digest.write_text(_streams_digest(train, validation) + "\n")
-    tmp_digest.replace(digest_path)
-    tmp.replace(path)
-    return train, validation
-
-
 def build_text(config: DataConfig) -> TextPipeline:
-    """A ``TextPipeline`` for a builtin / hub / local source: load, split,
-    tokenize (cached) and pack."""
-    train_texts, validation_texts = corpus.split_documents(corpus.load_documents(config),
-                                                           config.validation_fraction)
-    text_hash = corpus.corpus_hash(train_texts, validation_texts)
-    cache_dir = pathlib.Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
-    tokenizer = build_tokenizer(config.tokenizer, train_texts, text_hash, config.bpe_vocab_size, cache_dir)
-    fingerprint = _settings_fingerprint({"corpus": text_hash, "tokenizer": tokenizer.identity,
-                                         "validation_fraction": config.validation_fraction})
-    dtype = np.uint16 if tokenizer.base_vocab_size + len(SPECIAL_TOKENS) <= 2**16 else np.int32
-    eos_id = tokenizer.base_vocab_size + SPECIAL_TOKENS.index("eos")
-
-    def make():
-        return tuple(pack(tokenizer.encode_batch(texts), eos_id, dtype)
-                     for texts in (train_texts, validation_texts))
-
-    train, validation = _cached_streams(cache_dir / f"tokens-{fingerprint[:32]}.npz", make)
-
-    def nbytes(texts):
-        return sum(len(text.encode("utf-8")) for text in texts)
-
-    stats = {"corpus_sha256": text_hash,
-             "train_documents": len(train_texts), "validation_documents": len(validation_texts),
-             "train_bytes": nbytes(train_texts), "validation_bytes": nbytes(validation_texts),
-             "train_tokens": int(len(train)), "validation_tokens": int(len(validation))}
-    return TextPipeline(config, tokenizer, train, validation, fingerprint, stats)
+    """A ``TextPipeline`` for a builtin / hub / local source, read from its token
+    cache: ``config.cache_dir`` (pre-built; the source is never read), or else the
+    local cache of this corpus, built on first use."""
+    if config.cache_dir:
+        cache = token_cache.open_cache(config.cache_dir, config)
+    else:
+        cache = token_cache.open_cache(token_cache.build_cache(config))
+    return TextPipeline(config, cache.tokenizer, cache.train, cache.validation, cache.fingerprint, cache.stats)
 
 
 def build(config: DataConfig) -> Pipeline:
@@ -483,13 +410,25 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--bpe-vocab-size", dest="bpe_vocab_size", type=int,
                        help="tokens in a trained BPE vocabulary, 256 bytes included (default 4096)")
     group.add_argument("--seq-len", dest="seq_len", type=int, help="tokens per sequence")
-    group.add_argument("--cache-dir", dest="cache_dir", help="where token caches and BPE files go")
+    group.add_argument("--cache-dir", dest="cache_dir",
+                       help="a token cache directory (local or gs://): `cache` builds it, the other commands "
+                            "read it instead of the source")
 
     parser = argparse.ArgumentParser(
         prog="python -m scaling.data",
-        description="Inspect the data pipeline: corpus statistics, or the hash of one training batch "
-                    "(to check that two machines or a restarted run see the same data).")
+        description="Build a token cache once (`cache`), or inspect the data pipeline: corpus statistics, "
+                    "or the hash of one training batch (to check that two machines, a restarted run or a "
+                    "run reading a cache see the same data).")
     commands = parser.add_subparsers(dest="command", required=True)
+    cache = commands.add_parser(
+        "cache", parents=[data], help="tokenise a text source once into --cache-dir (resumable)",
+        description="Read, split and tokenise a text source into --cache-dir (local or gs://), shard by "
+                    "shard; run it again after an interruption to resume. Then train with "
+                    "data.cache_dir set to the same directory: runs read only the cache.")
+    cache.add_argument("--shard-documents", dest="shard_documents", type=int,
+                       default=token_cache.DEFAULT_SHARD_DOCUMENTS, help="documents per token shard (default "
+                       f"{token_cache.DEFAULT_SHARD_DOCUMENTS:,}); a resumed build must use the same number")
+    cache.add_argument("--quiet", action="store_true", help="no progress bars")
     stats = commands.add_parser("stats", parents=[data],
                                 help="fingerprint, vocabulary and (text sources) train/validation sizes")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
@@ -507,7 +446,16 @@ def main(argv=None) -> None:
     args = _parser().parse_args(argv)
     try:
         config = _config_from_args(args)
-        if args.command == "stats":
+        if args.command == "cache":
+            if not args.cache_dir:
+                raise ValueError("cache needs --cache-dir DIR (a local path or gs://BUCKET/...)")
+            directory = token_cache.build_cache(dataclasses.replace(config, cache_dir=""), args.cache_dir,
+                                                args.shard_documents, show_progress=not args.quiet)
+            opened = token_cache.open_cache(directory, config)
+            print(f"token cache {args.cache_dir}: {len(opened.train):,} train and {len(opened.validation):,} "
+                  f"validation tokens, fingerprint {opened.fingerprint}; "
+                  f"train with --set data.cache_dir={args.cache_dir}")
+        elif args.command == "stats":
             stats = build(config).stats
             print(json.dumps(stats) if args.json else "\n".join(f"{k:22s}{v}" for k, v in stats.items()))
         else:

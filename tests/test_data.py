@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaling import corpus, data
+from scaling import corpus, data, token_cache
 from scaling.config import DataConfig
 from scaling.tokenizer import ByteTokenizer, load_hf, train_bpe
 
@@ -36,9 +36,19 @@ def finish(process, timeout=120):
     return process.returncode, out, err
 
 
+@pytest.fixture(autouse=True)
+def own_cache_home(tmp_path, monkeypatch):
+    """Token caches built on first use (``data.cache_dir`` unset) go under this test's directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "scaling-data"
+
+
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data-cache")
+    """A token cache of the built-in corpus, built once for the module."""
+    directory = tmp_path_factory.mktemp("data-cache")
+    token_cache.build_cache(DataConfig(), directory)
+    return directory
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +75,7 @@ def local_config(tmp_path, kind, docs=DOCS, **overrides):
         path = tmp_path / "corpus.parquet"
         pq.write_table(pa.table({"body": docs, "n": list(range(len(docs)))}), path)
     field = "text" if kind == "txt" else "body"
-    options = dict(source="local", paths=(str(path),), text_field=field, seq_len=8,
-                   cache_dir=str(tmp_path / "cache"), validation_fraction=0.2)
+    options = dict(source="local", paths=(str(path),), text_field=field, seq_len=8, validation_fraction=0.2)
     return DataConfig(**{**options, **overrides}), path
 
 
@@ -101,7 +110,7 @@ def test_train_and_validation_share_no_document():
 
 def test_two_fresh_processes_build_identical_splits(builtin, tmp_path):
     processes = [run_module("-m", "scaling.data", "stats", "--source", "builtin", "--json",
-                            "--cache-dir", str(tmp_path / f"cache{i}")) for i in range(2)]
+                            env={"XDG_CACHE_HOME": str(tmp_path / f"cache{i}")}) for i in range(2)]
     results = [finish(p) for p in processes]
     assert [code for code, _, _ in results] == [0, 0], results
     first, second = (json.loads(out) for _, out, _ in results)
@@ -112,34 +121,34 @@ def test_two_fresh_processes_build_identical_splits(builtin, tmp_path):
         assert first[key] == builtin.stats[key]
 
 
-def test_builtin_rebuild_uses_the_token_cache(builtin, cache_dir, capsys):
-    cached = list(cache_dir.glob(f"tokens-{builtin.fingerprint[:32]}.npz"))
-    assert len(cached) == 1
-    written = cached[0].stat().st_mtime_ns
-    again = data.build(DataConfig(cache_dir=str(cache_dir)))
-    assert cached[0].stat().st_mtime_ns == written  # read back, not rebuilt
+def test_builtin_rebuild_uses_the_token_cache(builtin, own_cache_home, capsys):
+    first = data.build(DataConfig())  # data.cache_dir unset: tokenised into the local cache on first use
+    directory = own_cache_home / f"tokens-{builtin.fingerprint[:32]}"
+    shards = sorted(directory.glob("*.npy"))
+    assert [p.name for p in shards] == ["train-00000.npy", "validation-00000.npy"]
+    written = [p.stat().st_mtime_ns for p in shards]
+    again = data.build(DataConfig())
+    assert [p.stat().st_mtime_ns for p in shards] == written  # read back, not rebuilt
     assert "token cache" not in capsys.readouterr().err
-    np.testing.assert_array_equal(again.train_tokens, builtin.train_tokens)
+    assert again.fingerprint == first.fingerprint == builtin.fingerprint
+    np.testing.assert_array_equal(np.asarray(again.train_tokens), np.asarray(builtin.train_tokens))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "zeros", "no_checksum"])
-def test_a_damaged_token_cache_is_rebuilt_not_trained_on(builtin, cache_dir, tmp_path, damage, capsys):
-    import shutil
-
-    copy = tmp_path / "cache"
-    shutil.copytree(cache_dir, copy)
-    cache = copy / f"tokens-{builtin.fingerprint[:32]}.npz"
+@pytest.mark.parametrize("damage", ["truncated", "zeros", "missing"])
+def test_a_damaged_token_cache_is_rebuilt_not_trained_on(builtin, own_cache_home, damage, capsys):
+    data.build(DataConfig())
+    shard = own_cache_home / f"tokens-{builtin.fingerprint[:32]}" / "train-00000.npy"
     if damage == "truncated":
-        cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])
-    elif damage == "zeros":  # a well-formed file holding the wrong tokens
-        np.savez(cache, train=np.zeros_like(builtin.train_tokens), validation=np.zeros_like(builtin.validation_tokens))
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "zeros":  # a well-formed file of the right size holding the wrong tokens
+        np.save(shard, np.zeros(len(builtin.train_tokens), dtype=np.uint16))
     else:
-        (copy / f"{cache.name}.sha256").unlink()
-    rebuilt = data.build(DataConfig(cache_dir=str(copy)))
-    assert f"token cache {cache}" in capsys.readouterr().err
-    np.testing.assert_array_equal(rebuilt.train_tokens, builtin.train_tokens)
-    np.testing.assert_array_equal(rebuilt.validation_tokens, builtin.validation_tokens)
-    data.build(DataConfig(cache_dir=str(copy)))
+        shard.unlink()
+    rebuilt = data.build(DataConfig())
+    assert f"token cache {shard.parent}: train-00000.npy" in capsys.readouterr().err
+    np.testing.assert_array_equal(np.asarray(rebuilt.train_tokens), np.asarray(builtin.train_tokens))
+    np.testing.assert_array_equal(np.asarray(rebuilt.validation_tokens), np.asarray(builtin.validation_tokens))
+    data.build(DataConfig())
     assert "token cache" not in capsys.readouterr().err  # the rebuilt cache passes its check
 
 
@@ -185,7 +194,7 @@ import datasets, json, sys
 from scaling import corpus, data
 from scaling.config import DataConfig
 assert datasets.config.HF_HUB_OFFLINE and datasets.config.HF_DATASETS_OFFLINE
-config = DataConfig(source="hub", hub_name=sys.argv[1], hub_split=sys.argv[2], seq_len=8, cache_dir=sys.argv[3])
+config = DataConfig(source="hub", hub_name=sys.argv[1], hub_split=sys.argv[2], seq_len=8)
 print(json.dumps({"documents": corpus.load_hub_documents(config), "stats": data.build(config).stats}))
 """
 
@@ -198,8 +207,9 @@ def test_hub_function_reads_a_hub_layout_folder_with_network_off(tmp_path):
     for split, texts in splits.items():
         pq.write_table(pa.table({"text": texts, "id": list(range(len(texts)))}),
                        repo / "data" / f"{split}-00000-of-00001.parquet")
-    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    processes = {split: run_module("-c", HUB_SCRIPT, str(repo), split, str(tmp_path / "cache"), env=offline)
+    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+               "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    processes = {split: run_module("-c", HUB_SCRIPT, str(repo), split, env=offline)
                  for split in splits}
     for split, process in processes.items():
         code, out, err = finish(process)
@@ -268,17 +278,18 @@ def test_hf_tokenizer_from_a_local_path_drives_a_pipeline(small_bpe, tmp_path):
     pipeline = data.build(config)
     assert pipeline.vocab_size == 504 and pipeline.eos_id == 501
     train, _ = corpus.split_documents(DOCS, config.validation_fraction)
-    pieces = np.split(pipeline.train_tokens, np.flatnonzero(pipeline.train_tokens == pipeline.eos_id) + 1)[:-1]
+    stream = np.asarray(pipeline.train_tokens)
+    pieces = np.split(stream, np.flatnonzero(stream == pipeline.eos_id) + 1)[:-1]
     assert [tokenizer.decode(piece[:-1]) for piece in pieces] == train
     with pytest.raises(ValueError, match="does not exist"):
         load_hf(str(tmp_path / "nope.json"))
 
 
-def test_bpe_option_trains_once_then_reuses_the_saved_file(tmp_path):
+def test_bpe_option_trains_once_then_reuses_the_saved_file(tmp_path, own_cache_home):
     docs = [text for _, text in corpus.builtin_documents()[:150]]
     config, _ = local_config(tmp_path, "jsonl", docs=docs, tokenizer="bpe", bpe_vocab_size=400, seq_len=32)
     first = data.build(config)
-    saved = list((tmp_path / "cache" / "tokenizers").glob("bpe-400-*.json"))
+    saved = list((own_cache_home / "tokenizers").glob("bpe-400-*.json"))
     assert len(saved) == 1 and first.vocab_size == 404
     assert data.build(config).fingerprint == first.fingerprint
     assert first.fingerprint != data.build(dataclasses.replace(config, tokenizer="byte")).fingerprint
@@ -298,7 +309,7 @@ def test_packed_windows_are_shifted_slices_of_the_stream(builtin):
     for row in range(8):
         start = offset + order[7 * 8 + row] * T
         np.testing.assert_array_equal(batch["inputs"][row], builtin.train_tokens[start:start + T])
-    assert (builtin.train_tokens == builtin.eos_id).sum() == builtin.stats["train_documents"]
+    assert (np.asarray(builtin.train_tokens) == builtin.eos_id).sum() == builtin.stats["train_documents"]
 
 
 def test_one_epoch_visits_every_window_once_and_epochs_differ(tmp_path):

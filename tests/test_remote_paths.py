@@ -3,8 +3,8 @@
 A fake ``gs`` protocol, an fsspec in-memory filesystem that names paths the
 way gcsfs does (``bucket/key``), stands in for Google Cloud Storage. epath
 hands ``gs://`` paths to fsspec, so the trainer's run records, the metrics
-log, the launcher's status and the analysis loader all run their real code
-against it; nothing may land on the local disk.
+log, the token cache, the launcher's status and the analysis loader all run
+their real code against it; nothing may land on the local disk.
 
 Orbax checkpoints cannot use the fake: for ``gs://`` orbax asks
 google-cloud-storage about the bucket itself (``gcs_utils.get_bucket``) and
@@ -13,7 +13,9 @@ The end-to-end test therefore points only the CheckpointManager at a local
 directory; every other file of the run goes to gs://.
 """
 
+import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
 from analysis.results import load_runs
-from scaling import records, train
+from scaling import corpus, data, records, token_cache, train
 from scaling.config import DataConfig, ModelConfig, TrainConfig
 from scaling.track import Tracker
 from sweeps import launch, spec
@@ -75,7 +77,45 @@ def text(store, key) -> str:
     return bytes(store[key].getvalue()).decode()
 
 
-def test_a_training_run_writes_its_records_to_gs(gcs, tmp_path, monkeypatch):
+def spy_on_training_batches(monkeypatch) -> dict:
+    """step -> ``data.batch_digest`` of every training batch the trainer's pipeline makes."""
+    seen, real_build = {}, data.build
+
+    def build(config):
+        pipeline = real_build(config)
+        real_batch = pipeline.train_batch
+
+        def train_batch(seed, step, *args):
+            batch = real_batch(seed, step, *args)
+            seen[step] = data.batch_digest(batch)
+            return batch
+
+        pipeline.train_batch = train_batch
+        return pipeline
+
+    monkeypatch.setattr(data, "build", build)
+    return seen
+
+
+def test_a_run_trains_from_a_gs_token_cache_alone_and_writes_its_records_to_gs(gcs, tmp_path, monkeypatch):
+    # Tokens: a local jsonl file, cached once on gs:// and then deleted; the run
+    # must see the very batches the file gave, with the hub switched off.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    source = tmp_path / "corpus.jsonl"
+    source.write_text("".join(json.dumps({"text": f"Line {i}: " + "words and more words " * (1 + i % 5)}) + "\n"
+                              for i in range(80)))
+    from_file = DataConfig(source="local", paths=(str(source),), seq_len=32, validation_fraction=0.1)
+    before = data.build(from_file)
+    expected = {step: data.batch_digest(before.train_batch(0, step, 4)) for step in range(4)}
+    data.main(token_cache.cache_command(from_file, "gs://bucket/tokens").split()[3:]
+              + ["--quiet", "--shard-documents", "20"])
+    assert "bucket/tokens/metadata.json" in gcs and "bucket/tokens/train-00001.npy" in gcs
+    source.unlink()
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(corpus, "load_documents", lambda *a, **k: pytest.fail("the corpus source was read"))
+    seen = spy_on_training_batches(monkeypatch)
+
     checkpoints = tmp_path / "checkpoints"  # orbax only; see the module docstring
     real_manager = ocp.CheckpointManager
     from scaling import checkpoints as checkpoints_lib
@@ -83,12 +123,16 @@ def test_a_training_run_writes_its_records_to_gs(gcs, tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoints_lib.ocp, "CheckpointManager",
                         lambda directory, **kwargs: real_manager(checkpoints, **kwargs))
     config = TrainConfig(model=ModelConfig(depth=1, width=32, head_dim=16, max_seq_len=32),
-                         data=DataConfig(seq_len=32), steps=4, batch_size=4, eval_every=0, eval_batches=1,
-                         checkpoint_every=2, log_every=2, wandb_mode="disabled", name="remote")
+                         data=dataclasses.replace(from_file, cache_dir="gs://bucket/tokens"), steps=4, batch_size=4,
+                         eval_every=0, eval_batches=1, checkpoint_every=2, log_every=2, wandb_mode="disabled",
+                         name="remote")
     workdir = "gs://bucket/sweep/remote"
     result = train.run(config, workdir, show_progress=False, devices=jax.devices()[:1])
 
     assert result.status == "finished"
+    assert {step: seen[step] for step in range(4)} == expected
+    assert result.data_fingerprint == before.fingerprint
+    assert not os.path.exists(source)
     assert {"bucket/sweep/remote/config.json", "bucket/sweep/remote/metrics.jsonl",
             "bucket/sweep/remote/result.json"} <= set(gcs)
     assert not any(key.endswith(".tmp") for key in gcs)  # written then renamed into place

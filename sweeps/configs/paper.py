@@ -2,7 +2,10 @@
 
     python -m sweeps.launch dry-run sweeps/configs/paper.py --workdir gs://BUCKET/sweeps
     python -m sweeps.launch preflight sweeps/configs/paper.py --topology v5e:4x4
-    tpu/launch sweeps/configs/paper.py --workdir gs://BUCKET/sweeps --name NAME --zone ZONE --project PROJECT
+    python -m scaling.data cache --source hub --hub-name allenai/c4 --hub-config en --max-documents 3500000 \
+        --validation-fraction 0.01 --tokenizer hf:gpt2 --cache-dir gs://BUCKET/tokens/c4-gpt2
+    tpu/launch sweeps/configs/paper.py --workdir gs://BUCKET/sweeps --name NAME --zone ZONE --project PROJECT \
+        -- --set data.cache_dir=gs://BUCKET/tokens/c4-gpt2
     python -m analysis fit gs://BUCKET/sweeps/paper
 
 Grid. Depths {6, 12, 18, 24, 30, 36, 48}, as in the paper; its transitions
@@ -42,9 +45,16 @@ across the 10× range of widths instead of favouring one depth.
 
 Before paying for a pod: `dry-run` prints the FLOPs, and `preflight` compiles
 every run for the topology and reports which fit one host's memory
-(host-parallel) and which need --pod-wide. Known cost outside the model:
-each run re-reads its 3.5M documents from the hub before finding its
-cached tokens (scaling/data.py hashes the text), a few minutes per run.
+(host-parallel) and which need --pod-wide. Then tokenise the corpus once,
+before the pod exists, on any machine with a few CPUs and about 16 GB of
+memory (e.g. one CPU VM in the bucket's region): `python -m scaling.data
+cache` above streams the 3.5M documents once, writes about 3 GB of uint16
+token shards to the bucket, and resumes if interrupted. With
+`data.cache_dir` set (a presentation field: run ids do not change), every
+run on every host reads only that cache, and only its own rows of each
+batch; the data fingerprint comes from the cache's metadata. Without it,
+each run would stream and hash the 3.5M documents from the hub again on
+every host before training.
 """
 
 import numpy as np
