@@ -96,9 +96,9 @@ def _my_runs(runs: list[RunSpec], share, args) -> tuple[list[RunSpec], str]:
         if not runs:
             raise LauncherError(f"--only {' '.join(args.only)}: matches none of the {total} run names "
                                 "(see `python -m sweeps.launch list`)")
-    selected = f"{len(runs)} of {total} runs (--only)" if len(runs) != total else f"all {total} runs"
+    selected = f"{len(runs)} of {total} runs (--only)" if len(runs) != total else f"{total} runs"
     if share is None:
-        return runs, selected
+        return runs, selected if len(runs) != total else f"all {total} runs"
     mine = spec_lib.shard(runs, *share)
     source = "--shard" if args.shard is not None else "this host"
     return mine, f"share {share[0]}/{share[1]} ({source}): {len(mine)} of {selected}"
