@@ -18,6 +18,13 @@ With ``scan_layers=True`` the stack is one ``nn.scan`` over a single block, so
 compile time does not grow with depth; parameters then have a leading
 ``layers`` axis. ``stack_layers`` / ``unstack_layers`` convert between the two
 layouts.
+
+Activations are named too, at block boundaries, on q/k/v, on the
+feed-forward hidden state and on the final hidden state and logits
+(``scaling.mesh.constrain``; MaxText's ``with_logical_constraint`` is the
+model for this): the batch is split over the data-parallel axes, heads and
+the feed-forward width over ``tensor``. The residual stream's width is left
+whole (``RESIDUAL``), as in Megatron-style tensor parallelism.
 """
 
 from __future__ import annotations
@@ -31,8 +38,14 @@ import jax.numpy as jnp
 import optax
 
 from scaling.config import ModelConfig
+from scaling.mesh import constrain
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# Logical axes of the residual stream [batch, length, width]. The width has no
+# name on purpose: "embed" shards weights over fsdp, while activations are
+# split over the batch only.
+RESIDUAL = ("batch", "length", None)
 
 _REMAT_POLICIES = {
     "full": None,  # save nothing: recompute the whole block in the backward pass
@@ -129,7 +142,7 @@ class SelfAttention(nn.Module):
         def projection(name):
             out = dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes, torch_kind="qkv"),
                         bias_init=_zeros(("heads", "kv")), name=name)(tokens)
-            return out.reshape(batch, length, heads, head_dim)
+            return constrain(out.reshape(batch, length, heads, head_dim), ("batch", "length", "heads", "kv"))
 
         query, key, value = projection("query"), projection("key"), projection("value")
         logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
@@ -141,7 +154,7 @@ class SelfAttention(nn.Module):
             allowed = allowed & (input_mask[:, None, None, :] > 0)
         logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-        mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+        mixed = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value), ("batch", "length", "heads", "kv"))
         # The output projection is scaled down with depth (GPT-2 style) so the
         # residual stream's variance does not grow with L.
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
@@ -163,6 +176,8 @@ class FeedForward(nn.Module):
         tokens = x.reshape(-1, shape[-1])  # 2-D matmuls, as in SelfAttention
         hidden = dense(cfg.ff_width, kernel_init=_init(cfg, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
                        name="wi")(tokens)
+        # Tokens are batch-major, so splitting them in contiguous blocks is splitting the batch.
+        hidden = constrain(hidden, ("batch", "mlp"))
         hidden = nn.relu(hidden) if cfg.activation == "relu" else _gelu(hidden)
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
         out = dense(cfg.width, kernel_init=_init(cfg, ("mlp", "embed"), out_std), bias_init=_zeros(("embed",)),
@@ -180,13 +195,14 @@ class Block(nn.Module):
     def __call__(self, x, input_mask):
         cfg = self.config
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        x = constrain(x, RESIDUAL)
         if cfg.norm == "pre":
             x = x + drop(SelfAttention(cfg, name="attention")(_layer_norm(cfg, "attention_norm")(x), input_mask))
             x = x + drop(FeedForward(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x)))
         else:
             x = _layer_norm(cfg, "attention_norm")(x + drop(SelfAttention(cfg, name="attention")(x, input_mask)))
             x = _layer_norm(cfg, "mlp_norm")(x + drop(FeedForward(cfg, name="mlp")(x)))
-        return x, None
+        return constrain(x, RESIDUAL), None
 
 
 def sinusoidal_positions(length: int, width: int) -> jax.Array:
@@ -220,7 +236,7 @@ class Transformer(nn.Module):
             x = x + table[:length].astype(x.dtype)
         else:
             x = x + sinusoidal_positions(length, cfg.width).astype(x.dtype)
-        x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+        x = constrain(nn.Dropout(cfg.dropout, deterministic=deterministic)(x), RESIDUAL)
 
         block = Block
         if cfg.remat != "none":
@@ -236,13 +252,14 @@ class Transformer(nn.Module):
 
         if cfg.norm == "pre":
             x = _layer_norm(cfg, "final_norm")(x)
+        x = constrain(x, RESIDUAL)
         if cfg.tie_embeddings:
             logits = embed.attend(x)
         else:
             logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=_DTYPES[cfg.compute_dtype],
                               param_dtype=_DTYPES[cfg.param_dtype], kernel_init=_init(cfg, ("embed", "vocab")),
                               name="unembedding")(x)
-        return logits.astype(jnp.float32)
+        return constrain(logits, ("batch", "length", "vocab")).astype(jnp.float32)
 
 
 # ---------------------------------------------------------------------------

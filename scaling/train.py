@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -148,9 +149,18 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
                                  random_token_limit=random_token_limit, label_ids=label_ids)
         return loss * aux["tokens"], aux["tokens"], aux.get("correct", jnp.zeros((), jnp.float32))
 
-    train_jit = jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
+    def sharded_activations(step):
+        # The model's activation constraints take effect while the step is traced.
+        @functools.wraps(step)
+        def traced(*args):
+            with mesh_lib.activation_sharding(mesh, config.mesh.rules):
+                return step(*args)
+        return traced
+
+    train_jit = jax.jit(sharded_activations(train_step), in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=0)
-    eval_jit = jax.jit(eval_step, in_shardings=(state_shardings["params"], batch_sharding, replicated),
+    eval_jit = jax.jit(sharded_activations(eval_step),
+                       in_shardings=(state_shardings["params"], batch_sharding, replicated),
                        out_shardings=(replicated, replicated, replicated))
     return Program(model, mesh, state_shardings, abstract_state, init, train_jit, eval_jit, schedules)
 

@@ -1,0 +1,238 @@
+"""A roofline estimate of one train step: TPU chip figures, collective traffic read from compiled HLO.
+
+    step seconds ≈ max(FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth) + ICI bytes / ICI bandwidth
+
+All three numerators are per chip and per step. FLOPs and HBM bytes are the
+compiler's ``cost_analysis()`` (``flops``, ``bytes accessed``). ICI bytes are
+summed here over the collectives of the compiled program's HLO text
+(``collective_traffic``), because the compiler reports no such figure. The
+collectives are added, not overlapped with compute: XLA can hide some of them
+behind matmuls, so this leans towards a longer step. ``bound`` names the term
+that dominates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Public facts about one TPU generation, per chip."""
+
+    hbm_bytes: int  # HBM capacity
+    peak_flops: float  # dense bf16 FLOP/s
+    hbm_bandwidth: float  # HBM bytes/s
+    ici_bandwidth: float  # inter-chip interconnect bytes/s, one direction, all links of the chip
+    chip_config: str  # libtpu chip config giving one JAX device per chip, as on the TPU VMs
+    dims: int  # chip-grid dimensions in topology names: v5e:4x4, v4:2x2x4
+    cores_per_chip: int  # accelerator-type names count TensorCores (v4-32 = 16 chips)
+    accelerator_prefix: str
+
+
+# Per-chip figures from the Cloud TPU documentation, one page per generation:
+#   v4:  https://cloud.google.com/tpu/docs/v4        275 TFLOP/s bf16, 32 GiB HBM2 at 1200 GB/s
+#        ICI: 2400 Gbps per chip, from the v4 column of the comparison table in
+#        https://cloud.google.com/blog/products/ai-machine-learning/introducing-cloud-tpu-v5p-and-ai-hypercomputer
+#   v5e: https://cloud.google.com/tpu/docs/v5e       197 TFLOP/s, 16 GB HBM2 at 819 GB/s, ICI 1600 Gbps
+#   v5p: https://cloud.google.com/tpu/docs/v5p       459 TFLOP/s, 95 GB HBM2e at 2765 GB/s, ICI 4800 Gbps
+#   v6e: https://cloud.google.com/tpu/docs/v6e       918 TFLOP/s, 32 GB HBM at 1640 GB/s, ICI 3200 Gbps
+# ICI in Gbps is one direction; the pages' newer "bidirectional GBps" rows are
+# twice Gbps/8 (v5e 400, v5p 1200, v6e 800 GB/s). One direction is used here:
+# a ring collective sends each byte once. HBM capacity is counted in GiB
+# because libtpu does (it reports 15.75 of 16 GiB usable on v5e). The compiler
+# agrees on v5e's peak: its optimal_seconds for a lone matmul is flops / 197e12.
+CHIPS = {
+    "v4": Chip(32 * GIB, 275e12, 1200e9, 2400e9 / 8, "megacore", 3, 2, "v4-"),
+    "v5e": Chip(16 * GIB, 197e12, 819e9, 1600e9 / 8, "default", 2, 1, "v5litepod-"),
+    "v5p": Chip(95 * GIB, 459e12, 2765e9, 4800e9 / 8, "megacore", 3, 2, "v5p-"),
+    "v6e": Chip(32 * GIB, 918e12, 1640e9, 3200e9 / 8, "default", 2, 1, "v6e-"),
+}
+
+
+# ---------------------------------------------------------------------------
+# Collectives in HLO text
+
+# The cross-chip collectives of HLO. Their asynchronous halves are counted at
+# the "-start" (the "-done" only waits). TPU programs also wrap collectives in
+# fusions (async_collective_fusion) and async computations: those are reached
+# through the calls that name them, so each collective counts once per execution.
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all",
+               "collective-permute", "collective-broadcast")
+
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
+                "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLED = re.compile(r"\b(?:calls|body|condition|to_apply|true_computation|false_computation|"
+                     r"branch_computations|async_computation)=\{?(%?[\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?")
+_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+
+
+def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, dims) of every array in an HLO type (a tuple type lists several)."""
+    return [(dtype, tuple(int(d) for d in dims.split(",") if d)) for dtype, dims in _ARRAY.findall(type_text)]
+
+
+def _nbytes(array) -> float:
+    dtype, dims = array
+    return _DTYPE_BYTES[dtype] * math.prod(dims)
+
+
+def _group_size(attributes: str, default: int) -> int:
+    """Chips taking part in one group of a collective, from its replica_groups (or the default)."""
+    mesh_form = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+    if mesh_form:  # mesh['axis_0'=4,'axis_1'=1] {'axis_0'}: the product of the named axes
+        sizes = {name: int(size) for name, size in re.findall(r"'([^']+)'=(\d+)", mesh_form.group(1))}
+        return math.prod(sizes.get(name, 1) for name in re.findall(r"'([^']+)'", mesh_form.group(2)))
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attributes)
+    if iota:  # [groups, size]<=[devices]
+        return int(iota.group(2))
+    explicit = re.search(r"replica_groups=\{\{([\d,\s]*)\}", attributes)
+    if explicit and explicit.group(1).strip():
+        return len(explicit.group(1).split(","))
+    return default
+
+
+def _traffic(kind: str, result_bytes: float, group: int) -> float:
+    """Bytes one chip sends for one collective under ring algorithms (what ICI time is proportional to)."""
+    if group <= 1:
+        return 0.0
+    share = (group - 1) / group
+    if kind == "all-reduce":  # a reduce-scatter then an all-gather of the whole buffer
+        return 2 * share * result_bytes
+    if kind == "reduce-scatter":  # the result is one chip's 1/group of the reduced buffer
+        return (group - 1) * result_bytes
+    if kind in ("collective-permute", "collective-broadcast"):
+        return result_bytes
+    return share * result_bytes  # all-gather (result = gathered buffer), all-to-all
+
+
+@dataclasses.dataclass
+class CollectiveTraffic:
+    """Collectives of one compiled program, per chip per execution.
+
+    ``bytes`` is what each chip sends over ICI (ring algorithms: an
+    all-gather of B bytes over n chips sends B·(n-1)/n, an all-reduce twice
+    that); ``buffer_bytes`` sums the collectives' result buffers as written
+    in the HLO; both are broken down by kind in ``by_kind`` (kind -> [count,
+    buffer bytes, bytes sent]).
+    """
+
+    bytes: float = 0.0
+    buffer_bytes: float = 0.0
+    by_kind: dict = dataclasses.field(default_factory=dict)
+    unknown_loops: int = 0  # while loops without a known trip count (their collectives counted once)
+
+    def add(self, kind: str, buffer: float, sent: float, count: float = 1) -> None:
+        self.bytes += sent
+        self.buffer_bytes += buffer
+        old = self.by_kind.get(kind, (0, 0.0, 0.0))
+        self.by_kind[kind] = [old[0] + count, old[1] + buffer, old[2] + sent]
+
+    def merge(self, other: "CollectiveTraffic", times: float = 1) -> None:
+        """Add ``times`` executions of ``other``."""
+        for kind, (count, buffer, sent) in other.by_kind.items():
+            self.add(kind, buffer * times, sent * times, count * times)
+        self.unknown_loops += other.unknown_loops
+
+
+def _split_computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
+    computations, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        if current is None:
+            match = _COMPUTATION.match(line)
+            if match and "=" not in line.split("(")[0]:
+                current = match.group(1)
+                computations[current] = []
+                if line.startswith("ENTRY"):
+                    entry = current
+        elif line.strip() == "}":
+            current = None
+        else:
+            computations[current].append(line)
+    return computations, entry
+
+
+def collective_traffic(hlo_text: str, device_count: int = 1) -> CollectiveTraffic:
+    """Sum the collectives of a compiled program's HLO text (``compiled.as_text()``), per chip per step.
+
+    Every instruction reachable from the entry computation counts once per
+    execution: bodies of while loops with a ``known_trip_count`` count that
+    many times, fusions and async computations once per call. A collective
+    whose ``replica_groups`` cannot be read is taken to span ``device_count``
+    chips. Asynchronous ``-start`` ops return (operands, results) tuples; their
+    results are the second half.
+    """
+    computations, entry = _split_computations(hlo_text)
+    cache: dict[str, CollectiveTraffic] = {}
+
+    def once(name: str, stack: tuple = ()) -> CollectiveTraffic:
+        """The collectives of one execution of computation ``name``, its callees included."""
+        if name in cache:
+            return cache[name]
+        traffic = CollectiveTraffic()
+        for line in computations.get(name, ()):
+            match = _INSTRUCTION.match(line)
+            if not match:
+                continue
+            type_text, opcode, rest = match.groups()
+            base = opcode.removesuffix("-start")
+            if base in COLLECTIVES:
+                arrays = [a for a in _arrays(type_text) if a[1]]  # scalars are async context, not data
+                if opcode.endswith("-start") and base != "all-reduce" and len(arrays) >= 2:
+                    arrays = arrays[len(arrays) // 2:]
+                buffer = sum(_nbytes(a) for a in arrays)
+                traffic.add(base, buffer, _traffic(base, buffer, _group_size(rest, device_count)))
+            times = 1
+            if opcode == "while":
+                trip = _TRIP_COUNT.search(rest)
+                if trip:
+                    times = int(trip.group(1))
+                else:
+                    traffic.unknown_loops += 1
+            for called in _CALLED.findall(rest):
+                for callee in called.split(","):
+                    callee = callee.strip().lstrip("%")
+                    if callee in computations and callee not in stack:
+                        traffic.merge(once(callee, stack + (name,)), times)
+        cache[name] = traffic
+        return traffic
+
+    return once(entry) if entry is not None else CollectiveTraffic()
+
+
+# ---------------------------------------------------------------------------
+# The estimate
+
+
+@dataclasses.dataclass(frozen=True)
+class StepEstimate:
+    """Roofline seconds of one step on one chip, each term and their combination."""
+
+    compute_seconds: float  # FLOPs / peak FLOP/s
+    memory_seconds: float | None  # HBM bytes / HBM bandwidth (None: the compiler gave no byte count)
+    collective_seconds: float  # ICI bytes / ICI bandwidth
+    step_seconds: float
+    bound: str  # "compute", "memory" or "collectives": the largest of the three terms
+
+
+def estimate_step(chip: Chip, flops: float, hbm_bytes: float | None, ici_bytes: float) -> StepEstimate:
+    """max(FLOPs / peak, HBM bytes / HBM bandwidth) + ICI bytes / ICI bandwidth, all per chip per step."""
+    compute = flops / chip.peak_flops
+    memory = None if hbm_bytes is None else hbm_bytes / chip.hbm_bandwidth
+    collectives = ici_bytes / chip.ici_bandwidth
+    on_chip = max(compute, memory or 0.0)
+    terms = {"compute": compute, "memory": memory or 0.0, "collectives": collectives}
+    return StepEstimate(compute, memory, collectives, on_chip + collectives, max(terms, key=terms.get))
+
+
+def model_flops_utilization(model_flops: float, step_seconds: float, chips: int, chip: Chip) -> float:
+    """Model FLOPs of one step (all chips) / (step seconds · chips · peak FLOP/s)."""
+    return model_flops / (step_seconds * chips * chip.peak_flops)
