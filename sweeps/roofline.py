@@ -71,7 +71,7 @@ _ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _CALLED = re.compile(r"\b(?:calls|body|condition|to_apply|true_computation|false_computation|"
-                     r"branch_computations|async_computation)=\{?(%?[\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?")
+                     r"branch_computations|async_computation)=\{?(%?[\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
 _TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 
 
@@ -100,18 +100,21 @@ def _group_size(attributes: str, default: int) -> int:
     return default
 
 
-def _traffic(kind: str, result_bytes: float, group: int) -> float:
-    """Bytes one chip sends for one collective under ring algorithms (what ICI time is proportional to)."""
+def _full_buffer(kind: str, result_bytes: float, group: int) -> float:
+    """The whole buffer a collective works on: its result, except a reduce-scatter's (one chip's 1/group)."""
+    return result_bytes * group if kind == "reduce-scatter" else result_bytes
+
+
+def _bytes_sent(kind: str, buffer: float, group: int) -> float:
+    """Bytes one chip sends for one collective on a ``buffer``-byte array under ring algorithms."""
     if group <= 1:
         return 0.0
-    share = (group - 1) / group
-    if kind == "all-reduce":  # a reduce-scatter then an all-gather of the whole buffer
-        return 2 * share * result_bytes
-    if kind == "reduce-scatter":  # the result is one chip's 1/group of the reduced buffer
-        return (group - 1) * result_bytes
     if kind in ("collective-permute", "collective-broadcast"):
-        return result_bytes
-    return share * result_bytes  # all-gather (result = gathered buffer), all-to-all
+        return buffer
+    share = (group - 1) / group
+    # An all-reduce is a reduce-scatter then an all-gather; each of those, and
+    # an all-to-all, sends all but its own 1/group of the buffer.
+    return 2 * share * buffer if kind == "all-reduce" else share * buffer
 
 
 @dataclasses.dataclass
@@ -119,10 +122,11 @@ class CollectiveTraffic:
     """Collectives of one compiled program, per chip per execution.
 
     ``bytes`` is what each chip sends over ICI (ring algorithms: an
-    all-gather of B bytes over n chips sends B·(n-1)/n, an all-reduce twice
-    that); ``buffer_bytes`` sums the collectives' result buffers as written
-    in the HLO; both are broken down by kind in ``by_kind`` (kind -> [count,
-    buffer bytes, bytes sent]).
+    all-gather, reduce-scatter or all-to-all of a B-byte array over n chips
+    sends B·(n-1)/n, an all-reduce twice that, a collective-permute B);
+    ``buffer_bytes`` sums those B (the whole gathered or reduced arrays); both
+    are broken down by kind in ``by_kind`` (kind -> [count, buffer bytes,
+    bytes sent]).
     """
 
     bytes: float = 0.0
@@ -188,8 +192,14 @@ def collective_traffic(hlo_text: str, device_count: int = 1) -> CollectiveTraffi
                 arrays = [a for a in _arrays(type_text) if a[1]]  # scalars are async context, not data
                 if opcode.endswith("-start") and base != "all-reduce" and len(arrays) >= 2:
                     arrays = arrays[len(arrays) // 2:]
-                buffer = sum(_nbytes(a) for a in arrays)
-                traffic.add(base, buffer, _traffic(base, buffer, _group_size(rest, device_count)))
+                if base == "all-reduce" and name.startswith("all-reduce-scatter"):
+                    # TPU's all-reduce-scatter fusion: an all-reduce whose result is sliced to
+                    # one chip's share, which the TPU runs as a reduce-scatter.
+                    base = "reduce-scatter-fused"
+                group = _group_size(rest, device_count)
+                kind = "reduce-scatter" if base == "reduce-scatter-fused" else base
+                buffer = _full_buffer(base, sum(_nbytes(a) for a in arrays), group)
+                traffic.add(kind, buffer, _bytes_sent(kind, buffer, group))
             times = 1
             if opcode == "while":
                 trip = _TRIP_COUNT.search(rest)
@@ -236,3 +246,23 @@ def estimate_step(chip: Chip, flops: float, hbm_bytes: float | None, ici_bytes: 
 def model_flops_utilization(model_flops: float, step_seconds: float, chips: int, chip: Chip) -> float:
     """Model FLOPs of one step (all chips) / (step seconds · chips · peak FLOP/s)."""
     return model_flops / (step_seconds * chips * chip.peak_flops)
+
+
+def sweep_time(step_seconds: dict, runs, chips_per_run: int, parallel: int = 1) -> dict:
+    """Chip-hours and wall hours of training ``runs`` (``sweeps.spec.RunSpec``) from estimated step times.
+
+    ``step_seconds`` maps run ids to seconds per step (runs without one, e.g.
+    those that do not fit, count as zero and are left out of
+    ``runs_estimated``). With ``parallel`` > 1 the runs are dealt to that many
+    hosts as the launcher deals them (``sweeps.spec.shard``) and the wall time
+    is the busiest host's; otherwise runs follow one another. Only training
+    steps count: evaluation, checkpoints, compilation and data loading do not.
+    """
+    from sweeps import spec as spec_lib
+
+    seconds = {run.run_id: step_seconds[run.run_id] * run.config.steps for run in runs
+               if step_seconds.get(run.run_id)}
+    shares = [spec_lib.shard(list(runs), index, parallel) for index in range(parallel)] if runs else [[]]
+    wall = max(sum(seconds.get(run.run_id, 0.0) for run in share) for share in shares)
+    return {"runs_estimated": len(seconds), "in_parallel": parallel,
+            "chip_hours": sum(seconds.values()) * chips_per_run / 3600, "wall_hours": wall / 3600}
