@@ -31,8 +31,9 @@ What is reported per run, and where each number comes from:
   train steps (already at d=256 with 512-token sequences), a value with no
   meaning; then the estimate is flops / peak FLOP/s, a lower bound that
   ignores memory traffic and communication (``step_time_source`` says which).
-- ``estimated_mfu``: 6·N·tokens_per_step / (step seconds · chips · peak), with
-  N = 12·L·d², the count the trainer's own MFU uses. With the flops/peak
+- ``estimated_mfu``: model FLOPs per step / (step seconds · chips · peak), the
+  model FLOPs being ``scaling.flops.training_flops_per_token`` × tokens_per_step,
+  the count the trainer's own MFU uses. With the flops/peak
   step time it is an upper bound: the share of compiled FLOPs that are model
   FLOPs.
 """
@@ -54,6 +55,7 @@ import numpy as np
 
 from scaling import budget, mesh as mesh_lib, train
 from scaling.config import TrainConfig
+from scaling.flops import training_flops_per_token
 
 GIB = 2**30
 FIT_FRACTION = 0.95
@@ -351,7 +353,7 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list)
     elif flops is not None:
         row.update(estimated_step_seconds=flops / chip.peak_flops, step_time_source="flops/peak")
     if row["estimated_step_seconds"]:
-        model_flops = 6 * row["params_non_embedding"] * row["tokens_per_step"]
+        model_flops = training_flops_per_token(config.model, config.data.seq_len).total * row["tokens_per_step"]
         row["estimated_mfu"] = model_flops / (row["estimated_step_seconds"] * len(devices) * chip.peak_flops)
     return row
 
