@@ -98,11 +98,16 @@ def batch_axes_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def check_batch(mesh: Mesh, batch_size: int, process_count: int | None = None) -> None:
-    """Fail early, naming ``batch_size``, if it does not divide over the batch axes and hosts."""
+def check_batch(mesh: Mesh, batch_size: int, process_count: int | None = None, microbatches: int = 1) -> None:
+    """Fail early, naming ``batch_size`` (or ``microbatches``), if the batch does not divide over the batch
+    axes and hosts, or one shard's rows do not divide into ``microbatches``."""
     ways = batch_axes_size(mesh)
     if batch_size % ways:
         raise ValueError(f"batch_size={batch_size} is invalid: allowed a multiple of mesh data×fsdp = {ways}")
+    rows = batch_size // ways
+    if rows % microbatches:
+        raise ValueError(f"microbatches={microbatches} is invalid: allowed a divisor of the {rows} rows each "
+                         f"data×fsdp shard holds (batch_size={batch_size} over {ways} shards)")
     process_count = jax.process_count() if process_count is None else process_count
     if batch_size % process_count:
         raise ValueError(f"batch_size={batch_size} is invalid: allowed a multiple of the {process_count} processes")

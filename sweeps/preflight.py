@@ -34,9 +34,10 @@ What is reported per run, and where each number comes from:
   max(FLOPs / peak, HBM bytes / bandwidth) + ICI bytes / bandwidth, with
   ``bound`` naming the term that dominates (``compute_seconds``,
   ``memory_seconds``, ``collective_seconds``).
-- ``estimated_mfu``: 6·N·tokens_per_step / (step seconds · chips · peak), with
-  N = 12·L·d², the count the trainer's own MFU uses; ``mfu_upper_bound`` is
-  the same with FLOPs / peak as the step time.
+- ``estimated_mfu``: model FLOPs per step / (step seconds · chips · peak),
+  the model FLOPs being ``scaling.flops.training_flops_per_token`` ×
+  tokens_per_step, the count the trainer's own MFU uses;
+  ``mfu_upper_bound`` is the same with FLOPs / peak as the step time.
 The summary gives chip-hours and wall time of the whole sweep on the slice.
 """
 
@@ -59,6 +60,7 @@ from scaling import budget, mesh as mesh_lib, train
 from scaling.config import TrainConfig, to_dict
 from sweeps import roofline
 from sweeps.roofline import CHIPS, GIB, Chip  # noqa: F401 - the chip table is part of this module's API
+from scaling.flops import training_flops_per_token
 
 FIT_FRACTION = 0.95
 CHIPS_PER_HOST = 4  # every host of a multi-host v4, v5e, v5p or v6e slice
@@ -357,7 +359,7 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list)
     if costs["flops"] is None:
         return row
     estimate = roofline.estimate_step(chip, costs["flops"], costs["hbm_bytes"], costs["collective_bytes"])
-    model_flops = 6 * row["params_non_embedding"] * row["tokens_per_step"]
+    model_flops = training_flops_per_token(config.model, config.data.seq_len).total * row["tokens_per_step"]
     row.update(estimated_step_seconds=estimate.step_seconds, bound=estimate.bound,
                compute_seconds=estimate.compute_seconds, memory_seconds=estimate.memory_seconds,
                collective_seconds=estimate.collective_seconds,
