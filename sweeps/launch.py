@@ -365,8 +365,7 @@ def cmd_preflight(sweep: Sweep, args) -> int:
     from sweeps import preflight
 
     runs, _ = sweep.expand()
-    mine, which = _my_runs(runs, args.shard, args)
-    print(f"preflight of sweep {sweep.name}: {which}", file=sys.stderr)
+    mine, _ = _my_runs(runs, args.shard, args)
     return preflight.main(sweep, args, runs=mine)
 
 
