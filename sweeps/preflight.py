@@ -58,9 +58,9 @@ import numpy as np
 
 from scaling import budget, mesh as mesh_lib, train
 from scaling.config import TrainConfig, to_dict
+from scaling.flops import training_flops_per_token
 from sweeps import roofline
 from sweeps.roofline import CHIPS, GIB, Chip  # noqa: F401 - the chip table is part of this module's API
-from scaling.flops import training_flops_per_token
 
 FIT_FRACTION = 0.95
 CHIPS_PER_HOST = 4  # every host of a multi-host v4, v5e, v5p or v6e slice
