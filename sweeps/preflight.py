@@ -27,9 +27,10 @@ What is reported per run, and where each number comes from:
   ``collective_bytes`` (ICI bytes sent, read from the compiled HLO by
   ``sweeps.roofline.collective_traffic``), all per chip per step. The
   compiler counts a loop body once, so for scanned layers we compile the run
-  unrolled at depths 1 and 2 and extrapolate linearly in depth (see
-  ``_whole_step_costs``); those two compiles are shared by every run of the
-  same width.
+  unrolled at depths 1 and 2 and extrapolate linearly in depth, and for the
+  sliced cross-entropy once more with half-size slices
+  (``roofline.whole_step_costs``); those compiles are shared by every run of
+  the same width.
 - ``estimated_step_seconds``: the roofline of ``sweeps.roofline``,
   max(FLOPs / peak, HBM bytes / bandwidth) + ICI bytes / bandwidth, with
   ``bound`` naming the term that dominates (``compute_seconds``,
@@ -199,53 +200,9 @@ def _masking(config: TrainConfig) -> dict:
     return {}
 
 
-def _costs(compiled, chips: int) -> dict:
-    """Per-chip ``flops``, HBM ``hbm_bytes`` and ICI ``collective_bytes`` of one compiled program (None: unknown)."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
-        analysis = analysis[0] if analysis else None
-    analysis = analysis or {}
-    flops, accessed = analysis.get("flops"), analysis.get("bytes accessed")
-    return {"flops": float(flops) if flops and flops > 0 else None,
-            "hbm_bytes": float(accessed) if accessed and accessed > 0 else None,
-            "collective_bytes": roofline.collective_traffic(compiled.as_text(), chips).bytes}
-
-
-# Costs of the depth-1 and depth-2 unrolled compiles, keyed by everything else
-# about the run and its mesh: runs that differ only in depth or seed share them.
-_SHALLOW_COSTS: dict = {}
-
-
-def _shallow_key(config: TrainConfig, mesh) -> str:
-    fields = to_dict(config)
-    fields.update(seed=0, name="", sweep_name="")
-    fields["model"].update(depth=0, scan_layers=False)
-    devices = tuple(int(device.id) for device in mesh.devices.flat)
-    return json.dumps([fields, dict(mesh.shape), devices, mesh.devices.flat[0].device_kind], sort_keys=True)
-
-
 def _whole_step_costs(config: TrainConfig, mesh, compiled) -> dict:
-    """Per-chip flops, HBM bytes and collective bytes of one whole train step.
-
-    The compiler counts a loop body once, so with scanned layers its figures
-    miss L-1 layers. Layers are identical, so the step's cost is linear in
-    depth: we compile the same run unrolled at depths 1 and 2 and
-    extrapolate, cost(L) = cost(1) + (L-1)·(cost(2) - cost(1)). This equals a
-    full unrolled compile (tests/test_preflight.py checks it) at the price of
-    two small extra compiles, made once per width (and mesh) and reused for
-    every depth and seed.
-    """
-    depth, chips = config.model.depth, mesh.devices.size
-    if not config.model.scan_layers or depth == 1:
-        return _costs(compiled, chips)
-    key = _shallow_key(config, mesh)
-    if key not in _SHALLOW_COSTS:
-        _SHALLOW_COSTS[key] = [
-            _costs(_compile(dataclasses.replace(config, model=dataclasses.replace(
-                config.model, depth=shallow, scan_layers=False)), mesh), chips) for shallow in (1, 2)]
-    one, two = _SHALLOW_COSTS[key]
-    return {name: None if one[name] is None or two[name] is None else one[name] + (depth - 1) * (two[name] - one[name])
-            for name in one}
+    """Per-chip flops, HBM bytes and collective bytes of one whole train step (``roofline.whole_step_costs``)."""
+    return roofline.whole_step_costs(config, mesh, compiled, _compile)
 
 
 @dataclasses.dataclass(frozen=True)

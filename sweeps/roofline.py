@@ -8,14 +8,19 @@ summed here over the collectives of the compiled program's HLO text
 (``collective_traffic``), because the compiler reports no such figure. The
 collectives are added, not overlapped with compute: XLA can hide some of them
 behind matmuls, so this leans towards a longer step. ``bound`` names the term
-that dominates.
+that dominates. ``whole_step_costs`` gathers the three numerators for a
+whole step, correcting for the loops (scanned layers, the sliced loss) that
+the compiler's cost analysis counts once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
+
+from scaling.config import to_dict
 
 GIB = 2**30
 
@@ -216,6 +221,96 @@ def collective_traffic(hlo_text: str, device_count: int = 1) -> CollectiveTraffi
         return traffic
 
     return once(entry) if entry is not None else CollectiveTraffic()
+
+
+# ---------------------------------------------------------------------------
+# Costs of a whole step from compiled programs
+
+
+def compiled_costs(compiled, chips: int) -> dict:
+    """Per-chip ``flops``, HBM ``hbm_bytes`` and ICI ``collective_bytes`` of one compiled program (None: unknown)."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
+        analysis = analysis[0] if analysis else None
+    analysis = analysis or {}
+    flops, accessed = analysis.get("flops"), analysis.get("bytes accessed")
+    return {"flops": float(flops) if flops and flops > 0 else None,
+            "hbm_bytes": float(accessed) if accessed and accessed > 0 else None,
+            "collective_bytes": collective_traffic(compiled.as_text(), chips).bytes}
+
+
+# Costs of the depth-1 and depth-2 unrolled compiles, keyed by everything else
+# about the run and its mesh: runs that differ only in depth or seed share them.
+_SHALLOW_COSTS: dict = {}
+
+
+def _shallow_key(config, mesh) -> str:
+    fields = to_dict(config)
+    fields.update(seed=0, name="", sweep_name="")
+    fields["model"].update(depth=0, scan_layers=False)
+    devices = tuple(int(device.id) for device in mesh.devices.flat)
+    return json.dumps([fields, dict(mesh.shape), devices, mesh.devices.flat[0].device_kind], sort_keys=True)
+
+
+def _loss_slice_positions(config, chunk_tokens: int) -> int:
+    # Positions per slice of the sliced cross-entropy (scaling.loss.cross_entropy_sum), one microbatch.
+    return min(config.data.seq_len, max(1, chunk_tokens // config.batch_size))
+
+
+def _shallow(config, depth: int, chunk_tokens: int):
+    model = dataclasses.replace(config.model, depth=depth, scan_layers=False, loss_chunk_tokens=chunk_tokens)
+    return dataclasses.replace(config, model=model, microbatches=1)
+
+
+def whole_step_costs(config, mesh, compiled, compile_step) -> dict:
+    """Per-chip flops, HBM bytes and collective bytes of one whole train step of ``config`` on ``mesh``.
+
+    ``compiled`` is the step as it will run; ``compile_step(config, mesh)``
+    compiles the shallow variants described here.
+
+    The compiler's cost analysis counts a loop body once, so with scanned
+    layers its figures miss L-1 layers, and with the sliced cross-entropy
+    all but one slice of the logits. Layers are identical, so the step's cost
+    is linear in depth; a slice's cost is linear in its positions. We compile
+    the run unrolled at depths 1 and 2 and, when the loss is sliced, at
+    depth 1 with half-size slices, and solve cost = a + L·layer + P·position,
+    P being the positions the compiler saw; the whole step has P = every
+    position of the sequence. (This equals a full unrolled compile:
+    tests/test_preflight.py checks it.) The collective bytes come from the
+    HLO, where loops are counted with their trip counts, so only depth is
+    extrapolated for them. The shallow compiles take the whole batch in one
+    microbatch (the same FLOPs; repeated weight gathers of microbatches > 1
+    are not counted) and are made once per width (and mesh), then reused
+    for every depth and seed.
+    """
+    depth, chips = config.model.depth, mesh.devices.size
+    one_batch = dataclasses.replace(config, microbatches=1)
+    chunk_tokens = config.model.loss_chunk_tokens
+    positions = _loss_slice_positions(one_batch, chunk_tokens)
+    sliced = positions < config.data.seq_len
+    if not sliced and (not config.model.scan_layers or depth == 1) and config.microbatches == 1:
+        return compiled_costs(compiled, chips)
+    key = _shallow_key(config, mesh)
+    if key not in _SHALLOW_COSTS:
+        plans = [(1, chunk_tokens), (2, chunk_tokens)]
+        if sliced:  # half-size slices (or double, when a slice is one position)
+            plans.append((1, chunk_tokens // 2 if positions > 1 else 2 * config.batch_size))
+        _SHALLOW_COSTS[key] = [(_loss_slice_positions(one_batch, tokens),
+                                compiled_costs(compile_step(_shallow(config, shallow, tokens), mesh), chips))
+                               for shallow, tokens in plans]
+    (seen, one), (_, two) = _SHALLOW_COSTS[key][:2]
+    whole = {}
+    for name in one:
+        if one[name] is None or two[name] is None:
+            whole[name] = None
+            continue
+        whole[name] = one[name] + (depth - 1) * (two[name] - one[name])
+        if sliced and name != "collective_bytes":
+            other_seen, other = _SHALLOW_COSTS[key][2]
+            per_position = (one[name] - other[name]) / (seen - other_seen)
+            slices = -(-config.data.seq_len // seen)
+            whole[name] += (slices * seen - seen) * per_position
+    return whole
 
 
 # ---------------------------------------------------------------------------

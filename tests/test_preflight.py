@@ -17,7 +17,7 @@ import pytest
 
 from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
-from sweeps import launch, preflight
+from sweeps import launch, preflight, roofline
 
 GIB = 2**30
 TOPOLOGY = "v5e:2x2"  # 4 chips of 16 GiB
@@ -109,6 +109,17 @@ def test_scanned_costs_match_an_unrolled_compile(small_row, devices):
     assert small_row["collective_bytes"] == pytest.approx(whole["collective_bytes"], rel=0.05)
     assert small_row["collective_bytes"] > 0  # data parallel over 4 chips: the gradients are all-reduced
     assert small_row["bound"] in ("compute", "memory", "collectives")
+
+
+def test_sliced_loss_costs_count_every_slice(devices):
+    # 4 slices of 16 positions: the compiler counts the slice loop's body
+    # once; the correction must give what one unsliced loss gives, plus the
+    # slices' logits recomputed in the backward pass (a forward unembedding).
+    base = small(batch_size=8)
+    sliced = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_chunk_tokens=128))
+    whole = check("whole", base, devices)["flops"]
+    corrected = check("sliced", sliced, devices)["flops"]
+    assert whole <= corrected <= 1.08 * whole
 
 
 def test_oversized_run_without_fsdp_does_not_fit(devices):
@@ -267,9 +278,9 @@ def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, mon
 
 def test_depth_one_and_two_compiles_are_shared_by_every_depth_of_a_width(monkeypatch, eight_devices):
     compiled = []
-    monkeypatch.setattr(preflight, "_SHALLOW_COSTS", {})
+    monkeypatch.setattr(roofline, "_SHALLOW_COSTS", {})
     monkeypatch.setattr(preflight, "_compile", lambda config, mesh: compiled.append(config.model.depth) or config)
-    monkeypatch.setattr(preflight, "_costs", lambda config, chips: {
+    monkeypatch.setattr(roofline, "compiled_costs", lambda config, chips: {
         "flops": 5.0 + 10 * config.model.depth, "hbm_bytes": None, "collective_bytes": 2.0 * config.model.depth})
     mesh = preflight.mesh_lib.make_mesh(MeshConfig(data=4, fsdp=2), eight_devices)
     for depth, seed in ((3, 0), (5, 1), (7, 2)):
