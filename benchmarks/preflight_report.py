@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    rows = preflight.check_runs(runs, args.topology, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    rows = preflight.check_runs(runs, args.topology, pod_wide=True,  # both runs span the whole slice
+                                progress=lambda text: print(text, file=sys.stderr, flush=True))
     for (_, config), row in zip(runs, rows):
         row.update(depth=config.model.depth, width=config.model.width, batch_size=config.batch_size,
                    seq_len=config.data.seq_len, mesh={k: v for k, v in dataclasses.asdict(config.mesh).items()

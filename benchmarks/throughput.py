@@ -19,13 +19,11 @@ unembedding the same size on both sides). Repetitions alternate ours / peer,
 so both see the same machine state; the table shows medians, and how many
 CPU cores other processes used meanwhile (only rows near 0 are fair).
 
-FLOP counts per trained token (forward + backward = 3 × forward):
+FLOP counts per trained token (forward + backward = 3 × forward), both from
+``scaling.flops.training_flops_per_token``, the count the trainer's MFU uses:
 - ``useful``: 6·N with N = 12·L·d² (the budget's parameters);
-- ``full``: 6·(12·L·d² + d·V) + 12·L·T·d. The d·V term is the unembedding
-  matmul (the embedding lookup is a gather, not a matmul). 12·L·T·d is
-  attention: per layer and query, QKᵀ and AV each cost 2·T·d forward (all T
-  keys are computed, the causal mask only discards half), so 4·L·T·d forward
-  and 12·L·T·d for training.
+- ``full``: 6·(12·L·d² + d·V) + 12·L·T·d, adding the unembedding matmul and
+  attention's scores and weighted values (see ``scaling/flops.py``).
 Both are divided by the measured float32 matmul peak (a 2048² ``a @ a``
 through JAX, best of several).
 
@@ -68,11 +66,13 @@ def parse_config(text: str) -> tuple[int, int]:
     return depth, width
 
 
-def flops_per_token(depth: int, width: int, vocab: int = VOCAB, seq_len: int = SEQ_LEN) -> dict:
-    """Training FLOPs per token: ``useful`` = 6·12·L·d², ``full`` adds the unembedding and attention."""
-    useful = 6 * 12 * depth * width**2
-    full = useful + 6 * width * vocab + 12 * depth * seq_len * width
-    return {"useful": useful, "full": full}
+def flops_per_token(depth: int, width: int) -> dict:
+    """Training FLOPs per token of a benchmark config, from ``scaling.flops.training_flops_per_token``:
+    ``useful`` = its ``layers`` part (6·12·L·d²), ``full`` = its ``total`` (adds the unembedding and attention)."""
+    from scaling.flops import training_flops_per_token
+
+    count = training_flops_per_token(train_config(depth, width).model, SEQ_LEN)
+    return {"useful": count.layers, "full": count.total}
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 8) -> float:

@@ -29,14 +29,20 @@ def non_embedding_params(depth: int, width: int) -> int:
     return 12 * int(depth) * int(width) ** 2
 
 
-def abstract_params(config: ModelConfig) -> dict:
-    """The parameter tree as ``jax.ShapeDtypeStruct`` leaves, without allocating it."""
+def abstract_params(config: ModelConfig, *, padded: bool = False) -> dict:
+    """The parameter tree as ``jax.ShapeDtypeStruct`` leaves, without allocating it.
+
+    Its vocabulary axes hold ``config.vocab_size`` ids, the parameters the
+    model has; ``padded=True`` gives the tree as stored and trained, whose
+    vocabulary axes are padded (``scaling.model.padded_vocab_size``).
+    """
     import flax.linen as nn
 
-    from scaling.model import Transformer
+    from scaling.model import VOCAB_MULTIPLE, Transformer
 
+    model = Transformer(config, vocab_multiple=VOCAB_MULTIPLE if padded else 1)
     tokens = jax.ShapeDtypeStruct((1, min(config.max_seq_len, 8)), jnp.int32)
-    variables = jax.eval_shape(lambda t: Transformer(config).init(jax.random.PRNGKey(0), t), tokens)
+    variables = jax.eval_shape(lambda t: model.init(jax.random.PRNGKey(0), t), tokens)
     return nn.unbox(variables["params"])
 
 
@@ -51,7 +57,8 @@ def count_params(model_config: ModelConfig) -> dict:
     ``non_embedding`` sums the attention and feed-forward kernels (12·L·d² for
     the default feed-forward multiplier of 4), ``embedding`` the token,
     position and unembedding tables, ``other`` LayerNorm scales/offsets and
-    biases. Uses ``jax.eval_shape``, so a 175B-parameter shape costs no memory.
+    biases. Ids padding the vocabulary are not parameters and are not
+    counted. Uses ``jax.eval_shape``, so a 175B-parameter shape costs no memory.
     """
     counts = {"non_embedding": 0, "embedding": 0, "other": 0}
     leaves = jax.tree_util.tree_flatten_with_path(abstract_params(model_config))[0]

@@ -109,6 +109,9 @@ class ModelConfig:
     # linears, Xavier-uniform attention projections, N(0, 1) embeddings), as
     # "Overcoming a Theoretical Limitation of Self-Attention" (section 4.1) trains with.
     init_scheme: str = "normal"
+    # The loss forms logits for about this many tokens of the (micro)batch at a
+    # time (``scaling.loss.cross_entropy_sum``): memory, not results, depends on it.
+    loss_chunk_tokens: int = 8192
 
     def __post_init__(self):
         _check_types(self)
@@ -138,6 +141,7 @@ class ModelConfig:
         _choice("remat", self.remat, REMAT_POLICIES)
         _require(self.init_std > 0, "init_std", "a positive float", self.init_std)
         _choice("init_scheme", self.init_scheme, ("normal", "torch"))
+        _require(self.loss_chunk_tokens >= 1, "loss_chunk_tokens", "an integer >= 1", self.loss_chunk_tokens)
 
     @property
     def heads(self) -> int:
@@ -294,7 +298,13 @@ class MeshConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs. Budgets: ``steps`` optimizer steps of
-    ``batch_size`` sequences of ``data.seq_len`` tokens each."""
+    ``batch_size`` sequences of ``data.seq_len`` tokens each.
+
+    ``microbatches`` k > 1 accumulates each step's gradient over k slices of
+    its batch (``scaling.loss.loss_and_grads``): the same loss, gradient and
+    data order as k = 1 with about 1/k of the activation memory, so it is not
+    part of the run id. Every data-parallel shard's rows must split into k.
+    """
 
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -303,6 +313,7 @@ class TrainConfig:
     seed: int = 0  # sets initialisation, data order and masking
     steps: int = 300
     batch_size: int = 16
+    microbatches: int = 1
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 8
     eval_at_start: bool = True  # evaluate the freshly initialised model (initial_eval_loss); costs one eval
@@ -319,6 +330,9 @@ class TrainConfig:
         _check_types(self)
         _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
         _require(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)
+        _require(1 <= self.microbatches <= self.batch_size and self.batch_size % self.microbatches == 0,
+                 "microbatches", f"a divisor of batch_size={self.batch_size} (1 to {self.batch_size})",
+                 self.microbatches)
         _require(self.eval_every >= 0, "eval_every", "an integer >= 0", self.eval_every)
         _require(self.eval_batches >= 1, "eval_batches", "an integer >= 1", self.eval_batches)
         _require(self.checkpoint_every >= 1, "checkpoint_every", "an integer >= 1", self.checkpoint_every)
@@ -420,9 +434,12 @@ def override(config, assignments: list[str]):
 
 # Fields that do not change what a run computes: two configs differing only
 # here describe the same experiment (same run id, same results). Dotted names
-# reach into sections.
+# reach into sections. ``microbatches`` and ``model.loss_chunk_tokens`` change
+# only how a step is computed (float rounding aside; with dropout, microbatches
+# also draw different dropout noise), never the data or the model.
 _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "log_every", "peak_flops",
-                        "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir", "eval_at_start")
+                        "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir", "eval_at_start",
+                        "microbatches", "model.loss_chunk_tokens")
 
 # Fields added after run records were first committed, with the value that
 # reproduces the old behaviour. A config holding that value hashes exactly as

@@ -242,7 +242,7 @@ class ClassificationTask(Pipeline):
     ``targets`` at position 0 (the CLS position) as the byte id of '0' or '1'
     (``LABEL_TOKENS``); ``weights`` is 1 there only and ``input_mask`` is 0 on
     padding. The trainer reads the label from those two logits only
-    (``scaling.model.compute_loss`` with ``label_ids``).
+    (``scaling.loss.compute_loss`` with ``label_ids``).
 
     Training lengths n are uniform in [synthetic_min_length,
     synthetic_max_length], validation lengths in [synthetic_eval_min_length,

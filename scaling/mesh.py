@@ -10,10 +10,16 @@ The global batch is split over ``data`` × ``fsdp``.
 Parameters carry logical axis names (see ``scaling.model``). ``MeshConfig.rules``
 maps each name to mesh axes. A dimension that a mesh axis does not divide
 evenly is replicated instead, so odd vocabularies or tiny widths still run.
+Activations are named the same way (``constrain``, inside
+``activation_sharding``) and go through the same rules, so under fsdp a
+block's activations stay split over the batch while its weights are gathered,
+rather than the other way round.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
 
@@ -92,11 +98,16 @@ def batch_axes_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def check_batch(mesh: Mesh, batch_size: int, process_count: int | None = None) -> None:
-    """Fail early, naming ``batch_size``, if it does not divide over the batch axes and hosts."""
+def check_batch(mesh: Mesh, batch_size: int, process_count: int | None = None, microbatches: int = 1) -> None:
+    """Fail early, naming ``batch_size`` (or ``microbatches``), if the batch does not divide over the batch
+    axes and hosts, or one shard's rows do not divide into ``microbatches``."""
     ways = batch_axes_size(mesh)
     if batch_size % ways:
         raise ValueError(f"batch_size={batch_size} is invalid: allowed a multiple of mesh data×fsdp = {ways}")
+    rows = batch_size // ways
+    if rows % microbatches:
+        raise ValueError(f"microbatches={microbatches} is invalid: allowed a divisor of the {rows} rows each "
+                         f"data×fsdp shard holds (batch_size={batch_size} over {ways} shards)")
     process_count = jax.process_count() if process_count is None else process_count
     if batch_size % process_count:
         raise ValueError(f"batch_size={batch_size} is invalid: allowed a multiple of the {process_count} processes")
@@ -138,6 +149,38 @@ def tree_shardings(logical_specs, abstract_tree, mesh: Mesh, rules):
 
     return jax.tree_util.tree_map(one, logical_specs, abstract_tree,
                                   is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+
+
+_ACTIVATION_RULES: contextvars.ContextVar = contextvars.ContextVar("activation_rules", default=None)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules):
+    """While tracing inside this context, ``constrain`` pins activations to ``mesh`` through ``rules``.
+
+    Enter it inside the function being jitted (the constraints are recorded
+    when the function is traced). Outside it ``constrain`` does nothing, so
+    the model also runs unsharded (tests, ``model.init``).
+    """
+    token = _ACTIVATION_RULES.set((mesh, dict(rules)))
+    try:
+        yield
+    finally:
+        _ACTIVATION_RULES.reset(token)
+
+
+def constrain(x: jax.Array, logical_axes) -> jax.Array:
+    """Constrain one activation to the sharding its logical axis names map to (see ``activation_sharding``).
+
+    The mapping is ``logical_to_spec``'s, the one the parameters use: a
+    dimension its mesh axes do not divide stays whole. On a one-device mesh,
+    or outside ``activation_sharding``, ``x`` is returned untouched.
+    """
+    active = _ACTIVATION_RULES.get()
+    if active is None or active[0].devices.size == 1:
+        return x
+    mesh, rules = active
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(logical_axes, x.shape, mesh, rules)))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -3,7 +3,10 @@
 One ``Transformer`` covers both objectives of the seeds:
 - ``causal``: GPT-style next-token prediction, causal self-attention;
 - ``masked``: BERT-style masked-LM, bidirectional self-attention; the batch
-  is masked on device by ``mask_for_mlm`` and only masked positions count.
+  is masked on device by ``scaling.loss.mask_for_mlm`` and only masked
+  positions count.
+The losses of both live in ``scaling.loss``, which never forms the whole
+[batch, length, vocab] logits at once.
 
 Each layer is the paper's block: multi-head softmax attention scaled by
 1/sqrt(d_a), then a position-wise feed-forward of width ``ff_multiplier * d``,
@@ -17,7 +20,17 @@ Every parameter carries logical axis names (``embed``, ``heads``, ``kv``,
 With ``scan_layers=True`` the stack is one ``nn.scan`` over a single block, so
 compile time does not grow with depth; parameters then have a leading
 ``layers`` axis. ``stack_layers`` / ``unstack_layers`` convert between the two
-layouts.
+layouts. The vocabulary axis is stored padded to a multiple of 128 ids
+(``padded_vocab_size``); padding ids start at zero and are masked out of
+every softmax, so they change no result. Checkpoints written before the
+padding existed hold unpadded tables and do not restore into this layout.
+
+Activations are named too, at block boundaries, on q/k/v, on the
+feed-forward hidden state and on the final hidden state and logits
+(``scaling.mesh.constrain``; MaxText's ``with_logical_constraint`` is the
+model for this): the batch is split over the data-parallel axes, heads and
+the feed-forward width over ``tensor``. The residual stream's width is left
+whole (``RESIDUAL``), as in Megatron-style tensor parallelism.
 """
 
 from __future__ import annotations
@@ -28,11 +41,16 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from scaling.config import ModelConfig
+from scaling.mesh import constrain
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# Logical axes of the residual stream [batch, length, width]. The width has no
+# name on purpose: "embed" shards weights over fsdp, while activations are
+# split over the batch only.
+RESIDUAL = ("batch", "length", None)
 
 _REMAT_POLICIES = {
     "full": None,  # save nothing: recompute the whole block in the backward pass
@@ -54,12 +72,42 @@ _TORCH_INITIALIZERS = {
 }
 
 
-def _init(config: ModelConfig, axes: tuple[str, ...], std: float | None = None, torch_kind: str = "linear"):
-    """The initializer of one weight: N(0, std or init_std) or, under ``init_scheme="torch"``,
-    PyTorch's default for a weight of kind ``torch_kind``."""
+def _raw_init(config: ModelConfig, std: float | None = None, torch_kind: str = "linear"):
+    """N(0, std or init_std) or, under ``init_scheme="torch"``, PyTorch's default for a weight of kind ``torch_kind``."""
     if config.init_scheme == "torch":
-        return nn.with_logical_partitioning(_TORCH_INITIALIZERS[torch_kind], axes)
-    return nn.with_logical_partitioning(nn.initializers.normal(std or config.init_std), axes)
+        return _TORCH_INITIALIZERS[torch_kind]
+    return nn.initializers.normal(std or config.init_std)
+
+
+def _init(config: ModelConfig, axes: tuple[str, ...], std: float | None = None, torch_kind: str = "linear"):
+    """The initializer of one weight, carrying its logical axis names."""
+    return nn.with_logical_partitioning(_raw_init(config, std, torch_kind), axes)
+
+
+VOCAB_MULTIPLE = 128  # TPU lanes: a vocabulary axis of this granularity tiles and shards evenly
+
+
+def padded_vocab_size(vocab_size: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """``vocab_size`` rounded up to a multiple of ``multiple`` ids: the stored size of the vocabulary axis."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def _vocab_init(config: ModelConfig, axes: tuple[str, ...], padded: int, torch_kind: str):
+    """An initializer for a table whose ``vocab`` axis is padded to ``padded`` ids.
+
+    The real ids' entries are drawn exactly as for an unpadded table of
+    ``config.vocab_size`` ids (same key, same shape), and the padding entries
+    are zeros, so padding changes neither the initial model nor, since the
+    loss masks padding ids out of the softmax, anything it learns.
+    """
+    base, axis = _raw_init(config, torch_kind=torch_kind), axes.index("vocab")
+
+    def init(key, shape, dtype=jnp.float32):
+        real_shape = tuple(config.vocab_size if i == axis else size for i, size in enumerate(shape))
+        widths = [(0, padded - config.vocab_size if i == axis else 0) for i in range(len(shape))]
+        return jnp.pad(base(key, real_shape, dtype), widths)
+
+    return nn.with_logical_partitioning(init, axes)
 
 
 def _zeros(axes: tuple[str, ...]):
@@ -129,7 +177,7 @@ class SelfAttention(nn.Module):
         def projection(name):
             out = dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes, torch_kind="qkv"),
                         bias_init=_zeros(("heads", "kv")), name=name)(tokens)
-            return out.reshape(batch, length, heads, head_dim)
+            return constrain(out.reshape(batch, length, heads, head_dim), ("batch", "length", "heads", "kv"))
 
         query, key, value = projection("query"), projection("key"), projection("value")
         logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
@@ -141,7 +189,7 @@ class SelfAttention(nn.Module):
             allowed = allowed & (input_mask[:, None, None, :] > 0)
         logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-        mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+        mixed = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value), ("batch", "length", "heads", "kv"))
         # The output projection is scaled down with depth (GPT-2 style) so the
         # residual stream's variance does not grow with L.
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
@@ -163,6 +211,8 @@ class FeedForward(nn.Module):
         tokens = x.reshape(-1, shape[-1])  # 2-D matmuls, as in SelfAttention
         hidden = dense(cfg.ff_width, kernel_init=_init(cfg, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
                        name="wi")(tokens)
+        # Tokens are batch-major, so splitting them in contiguous blocks is splitting the batch.
+        hidden = constrain(hidden, ("batch", "mlp"))
         hidden = nn.relu(hidden) if cfg.activation == "relu" else _gelu(hidden)
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
         out = dense(cfg.width, kernel_init=_init(cfg, ("mlp", "embed"), out_std), bias_init=_zeros(("embed",)),
@@ -180,13 +230,14 @@ class Block(nn.Module):
     def __call__(self, x, input_mask):
         cfg = self.config
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        x = constrain(x, RESIDUAL)
         if cfg.norm == "pre":
             x = x + drop(SelfAttention(cfg, name="attention")(_layer_norm(cfg, "attention_norm")(x), input_mask))
             x = x + drop(FeedForward(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x)))
         else:
             x = _layer_norm(cfg, "attention_norm")(x + drop(SelfAttention(cfg, name="attention")(x, input_mask)))
             x = _layer_norm(cfg, "mlp_norm")(x + drop(FeedForward(cfg, name="mlp")(x)))
-        return x, None
+        return constrain(x, RESIDUAL), None
 
 
 def sinusoidal_positions(length: int, width: int) -> jax.Array:
@@ -198,19 +249,60 @@ def sinusoidal_positions(length: int, width: int) -> jax.Array:
     return codes.at[:, 1::2].set(jnp.cos(position * frequency[: width // 2]))
 
 
-class Transformer(nn.Module):
-    """Token ids [batch, length] -> logits [batch, length, vocab] (float32)."""
+class Unembedding(nn.Module):
+    """The untied output projection's kernel, [width, padded vocabulary]; the loss applies it."""
 
     config: ModelConfig
+    padded_vocab: int
 
     @nn.compact
-    def __call__(self, tokens, input_mask=None, *, deterministic: bool = True):
+    def __call__(self):
+        cfg = self.config
+        return self.param("kernel", _vocab_init(cfg, ("embed", "vocab"), self.padded_vocab, "linear"),
+                          (cfg.width, self.padded_vocab), _DTYPES[cfg.param_dtype])
+
+
+def unembed(hidden: jax.Array, kernel: jax.Array, vocab_size: int, compute_dtype: str) -> jax.Array:
+    """Float32 logits [..., padded vocabulary] of final hidden states [..., width].
+
+    Ids at or beyond ``vocab_size`` (the padding) get a large negative logit,
+    so a softmax gives them zero probability and zero gradient.
+    """
+    dtype = _DTYPES[compute_dtype]
+    logits = jnp.dot(hidden.astype(dtype), kernel.astype(dtype)).astype(jnp.float32)
+    if kernel.shape[-1] == vocab_size:
+        return logits
+    real = jnp.arange(kernel.shape[-1]) < vocab_size
+    return jnp.where(real, logits, _PADDING_LOGIT)
+
+
+_PADDING_LOGIT = -1e30  # finite: exp() of it underflows to 0 without an inf reaching the arithmetic
+
+
+class Transformer(nn.Module):
+    """Token ids [batch, length] -> logits [batch, length, vocab] (float32).
+
+    With ``return_hidden=True`` it returns ``(hidden, kernel)`` instead: the
+    final hidden states [batch, length, width] and the unembedding kernel
+    [width, padded vocabulary], so a loss can form the logits a slice at a
+    time (``scaling.loss``) rather than all at once. The vocabulary axis of
+    the embedding and unembedding is stored padded to a multiple of
+    ``vocab_multiple`` ids (``padded_vocab_size``); the padding never
+    changes a logit of a real id or the loss.
+    """
+
+    config: ModelConfig
+    vocab_multiple: int = VOCAB_MULTIPLE
+
+    @nn.compact
+    def __call__(self, tokens, input_mask=None, *, deterministic: bool = True, return_hidden: bool = False):
         cfg = self.config
         length = tokens.shape[1]
         if length > cfg.max_seq_len:
             raise ValueError(f"sequence length {length} exceeds model.max_seq_len={cfg.max_seq_len}")
-        embed = nn.Embed(cfg.vocab_size, cfg.width,
-                         embedding_init=_init(cfg, ("vocab", "embed"), torch_kind="embedding"),
+        padded_vocab = padded_vocab_size(cfg.vocab_size, self.vocab_multiple)
+        embed = nn.Embed(padded_vocab, cfg.width,
+                         embedding_init=_vocab_init(cfg, ("vocab", "embed"), padded_vocab, "embedding"),
                          dtype=_DTYPES[cfg.compute_dtype], param_dtype=_DTYPES[cfg.param_dtype],
                          name="token_embedding")
         x = embed(tokens)
@@ -220,7 +312,7 @@ class Transformer(nn.Module):
             x = x + table[:length].astype(x.dtype)
         else:
             x = x + sinusoidal_positions(length, cfg.width).astype(x.dtype)
-        x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+        x = constrain(nn.Dropout(cfg.dropout, deterministic=deterministic)(x), RESIDUAL)
 
         block = Block
         if cfg.remat != "none":
@@ -236,97 +328,12 @@ class Transformer(nn.Module):
 
         if cfg.norm == "pre":
             x = _layer_norm(cfg, "final_norm")(x)
-        if cfg.tie_embeddings:
-            logits = embed.attend(x)
-        else:
-            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=_DTYPES[cfg.compute_dtype],
-                              param_dtype=_DTYPES[cfg.param_dtype], kernel_init=_init(cfg, ("embed", "vocab")),
-                              name="unembedding")(x)
-        return logits.astype(jnp.float32)
-
-
-# ---------------------------------------------------------------------------
-# Objectives
-
-
-def mask_for_mlm(rng, inputs, input_mask, *, rate: float, mask_id: int, random_token_limit: int):
-    """BERT-style masking of token ids [batch, length].
-
-    Each real token is selected with probability ``rate``; a selected token is
-    replaced by ``mask_id`` 80% of the time, by a random id in
-    [0, random_token_limit) 10% of the time, and kept 10% of the time.
-    Returns ``(masked_inputs, targets, weights)``: the loss counts selected
-    positions only (weights 1.0 there, 0.0 elsewhere).
-    """
-    select_key, action_key, random_key = jax.random.split(rng, 3)
-    real = jnp.ones(inputs.shape, bool) if input_mask is None else input_mask > 0
-    selected = (jax.random.uniform(select_key, inputs.shape) < rate) & real
-    action = jax.random.uniform(action_key, inputs.shape)
-    random_ids = jax.random.randint(random_key, inputs.shape, 0, random_token_limit, dtype=inputs.dtype)
-    masked = jnp.where(selected & (action < 0.8), mask_id, inputs)
-    masked = jnp.where(selected & (action >= 0.8) & (action < 0.9), random_ids, masked)
-    return masked, inputs, selected.astype(jnp.float32)
-
-
-def weighted_cross_entropy(logits, targets, weights):
-    """Mean next-token (or masked-token) cross-entropy in nats over weighted positions.
-
-    Returns ``(mean_loss, total_weight)``.
-    """
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    total = weights.sum()
-    return (losses * weights).sum() / jnp.maximum(total, 1.0), total
-
-
-def label_cross_entropy(logits, targets, weights, label_ids: tuple[int, int]):
-    """Binary classification read from two logits of the vocabulary.
-
-    Only the logits of ``label_ids`` (class 0's token, class 1's token)
-    count: their difference is the classifier's logit, so this is the
-    sigmoid output layer of "Overcoming a Theoretical Limitation of
-    Self-Attention" (section 2.1), whatever the other logits say.
-    ``targets`` hold the label token at weighted positions. Returns
-    ``(mean cross-entropy in nats, total weight, weighted count of correct predictions)``.
-    """
-    pair = logits[..., jnp.asarray(label_ids)]  # [batch, length, 2]
-    classes = (targets == label_ids[1]).astype(jnp.int32)
-    losses = optax.softmax_cross_entropy_with_integer_labels(pair, classes)
-    correct = (jnp.argmax(pair, axis=-1) == classes).astype(jnp.float32)
-    total = weights.sum()
-    return (losses * weights).sum() / jnp.maximum(total, 1.0), total, (correct * weights).sum()
-
-
-def compute_loss(model: Transformer, params, batch: dict, *, rng=None, deterministic: bool = True,
-                 mask_id: int | None = None, random_token_limit: int | None = None,
-                 label_ids: tuple[int, int] | None = None):
-    """Loss in nats per predicted token for one batch of the data pipeline's format.
-
-    ``batch`` holds ``inputs``, ``targets``, ``weights`` and ``input_mask``
-    ([batch, length] arrays). For the masked objective on LM data
-    (``mask_id`` given), ``inputs`` are masked here with ``rng`` and the
-    targets are the original tokens; otherwise the batch's targets are used.
-    ``label_ids`` (classification tasks) reads each label from those two
-    logits only (``label_cross_entropy``); the aux dict then also holds
-    ``correct``, the number of correctly classified examples.
-    Returns ``(loss, {"loss": ..., "tokens": number of predicted tokens})``.
-    """
-    cfg = model.config
-    inputs, targets, weights = batch["inputs"], batch["targets"], batch["weights"]
-    input_mask = batch.get("input_mask")
-    if rng is None:
-        rng = jax.random.PRNGKey(0)
-    mask_rng, dropout_rng = jax.random.split(rng)
-    if cfg.objective == "masked" and mask_id is not None:
-        inputs, targets, weights = mask_for_mlm(
-            mask_rng, inputs, input_mask, rate=cfg.mask_rate, mask_id=mask_id,
-            random_token_limit=random_token_limit or cfg.vocab_size)
-    logits = model.apply({"params": params}, inputs, input_mask, deterministic=deterministic,
-                         rngs={"dropout": dropout_rng})
-    if label_ids is not None:
-        loss, predicted, correct = label_cross_entropy(logits, targets, weights, label_ids)
-        return loss, {"loss": loss, "tokens": predicted, "correct": correct}
-    loss, predicted = weighted_cross_entropy(logits, targets, weights)
-    return loss, {"loss": loss, "tokens": predicted}
+        x = constrain(x, RESIDUAL)
+        kernel = embed.embedding.T if cfg.tie_embeddings else Unembedding(cfg, padded_vocab, name="unembedding")()
+        if return_hidden:
+            return x, kernel
+        logits = unembed(x, kernel, cfg.vocab_size, cfg.compute_dtype)[..., :cfg.vocab_size]
+        return constrain(logits, ("batch", "length", "vocab"))
 
 
 # ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ Read top to bottom (the optimizer is in ``optim.py``):
    checkpoints, and writes the run record (``records.py``).
 
 Guarantees:
-- A step whose loss or updated parameters are not finite is not applied, so
+- A step whose loss or gradient norm is not finite is not applied, so
   a NaN state never reaches a checkpoint; the run stops as ``diverged``.
 - SIGTERM (how TPU preemption arrives) makes the loop save at the next step
   boundary and exit with ``PREEMPTED_EXIT_CODE``; rerunning resumes there.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -50,7 +51,9 @@ from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
 from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
-from scaling.model import Transformer, compute_loss
+from scaling.flops import training_flops_per_token
+from scaling.loss import compute_loss, loss_and_grads
+from scaling.model import Transformer
 from scaling.track import Tracker, new_wandb_id
 
 
@@ -102,6 +105,7 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
     causal models and for classification tasks. ``label_ids`` (classification
     tasks: the pipeline's ``LABEL_TOKENS``) reads labels from those two logits only.
     """
+    mesh_lib.check_batch(mesh, config.batch_size, process_count=1, microbatches=config.microbatches)
     model = Transformer(config.model)
     tx, schedules = make_optimizer(config.optim, config.model, config.steps)
     sample = jnp.zeros((1, config.data.seq_len), jnp.int32)
@@ -123,23 +127,25 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
     init = jax.jit(lambda rng: nn.unbox(boxed_state(rng)), out_shardings=state_shardings)
     base_key = jax.random.PRNGKey(config.seed)
 
-    def loss_fn(params, batch, rng):
-        return compute_loss(model, params, batch, rng=rng, deterministic=config.model.dropout == 0.0,
-                            mask_id=mask_id, random_token_limit=random_token_limit, label_ids=label_ids)
-
     def train_step(state, batch):
         rng = jax.random.fold_in(base_key, state["step"])
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, rng)
+        loss, aux, grads = loss_and_grads(model, state["params"], batch, rng=rng, microbatches=config.microbatches,
+                                          deterministic=config.model.dropout == 0.0, mask_id=mask_id,
+                                          random_token_limit=random_token_limit, label_ids=label_ids)
+        grad_norm = optax.global_norm(grads)
+        # A finite loss and gradient norm (which bounds every squared gradient
+        # entry, so Adam's moments stay finite too) decide whether the step is
+        # applied; judging the updated parameters instead would keep a second
+        # copy of them alive. A step that fails keeps the old state: the loop
+        # then stops as diverged, and the state it may checkpoint is the last good one.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(params))
-        # Keep the old state when the step is not finite: the loop then stops
-        # as diverged, and the state it may checkpoint is the last good one.
         keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         new_state = {"step": state["step"] + 1,
                      "params": jax.tree_util.tree_map(keep, params, state["params"]),
                      "opt_state": jax.tree_util.tree_map(keep, opt_state, state["opt_state"])}
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "finite": finite,
+        metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                    "predicted_tokens": aux["tokens"], "lr": schedules["hidden"](state["step"])}
         return new_state, metrics
 
@@ -148,9 +154,18 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
                                  random_token_limit=random_token_limit, label_ids=label_ids)
         return loss * aux["tokens"], aux["tokens"], aux.get("correct", jnp.zeros((), jnp.float32))
 
-    train_jit = jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
+    def sharded_activations(step):
+        # The model's activation constraints take effect while the step is traced.
+        @functools.wraps(step)
+        def traced(*args):
+            with mesh_lib.activation_sharding(mesh, config.mesh.rules):
+                return step(*args)
+        return traced
+
+    train_jit = jax.jit(sharded_activations(train_step), in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=0)
-    eval_jit = jax.jit(eval_step, in_shardings=(state_shardings["params"], batch_sharding, replicated),
+    eval_jit = jax.jit(sharded_activations(eval_step),
+                       in_shardings=(state_shardings["params"], batch_sharding, replicated),
                        out_shardings=(replicated, replicated, replicated))
     return Program(model, mesh, state_shardings, abstract_state, init, train_jit, eval_jit, schedules)
 
@@ -259,7 +274,7 @@ def _prepare_and_train(config: TrainConfig, run_dir: epath.Path, devices, show_p
         record = record.replace(data_fingerprint=pipeline.fingerprint)
         resolved = resolve_config(config, pipeline)
         mesh = mesh_lib.make_mesh(resolved.mesh, devices)
-        mesh_lib.check_batch(mesh, resolved.batch_size)
+        mesh_lib.check_batch(mesh, resolved.batch_size, microbatches=resolved.microbatches)
         return _train(resolved, run_dir, pipeline, mesh, record, show_progress, stop_requested)
     except (Preempted, LeaseLost):
         raise
@@ -342,7 +357,7 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     # Classification rows are padded to their split's longest string, not to seq_len.
     row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
     tokens_per_step = config.batch_size * row_length
-    flops_per_token = 6 * record.params_non_embedding
+    flops_per_token = training_flops_per_token(config.model, row_length).total
     # A resume at the last step trains nothing: its training loss is the one logged before.
     pending, status, last_loss, eval_loss = [], "finished", tracker.pending(start_step).get("loss"), None
     window_start, window_steps = time.perf_counter(), 0

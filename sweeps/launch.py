@@ -4,7 +4,7 @@
     python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--json]
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
-    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--json]
+    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
 
 Every command takes ``--set key=value`` (repeatable), applied to the sweep's
@@ -364,7 +364,9 @@ def cmd_hosts(args) -> int:
 def cmd_preflight(sweep: Sweep, args) -> int:
     from sweeps import preflight
 
-    return preflight.main(sweep, args)
+    runs, _ = sweep.expand()
+    mine, _ = _my_runs(runs, args.shard, args)
+    return preflight.main(sweep, args, runs=mine)
 
 
 # ---------------------------------------------------------------------------
@@ -427,7 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
                                   "multi-host slice or SLURM job: each host trains its own share")
         if name == "preflight":
             sub.add_argument("--topology", required=True,
-                             help="TPU topology to compile for, e.g. v5e:4x4 (16 chips)")
+                             help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
+                                  "multi-host slice each run is checked on one host's 2x2 chips, as `run` "
+                                  "trains it by default")
+            sub.add_argument("--pod-wide", action="store_true",
+                             help="check each run on the whole slice, as `run --pod-wide` trains it")
     hosts_help = "where this process runs: mode, share, TPU/GPU variables, jax.distributed (JAX not started)"
     sub = commands.add_parser("hosts", help=hosts_help, description=hosts_help + ". " + HOSTS_EPILOG)
     sub.set_defaults(function=cmd_hosts)

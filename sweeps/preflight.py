@@ -1,13 +1,16 @@
-"""Ahead-of-time preflight: does every run of a sweep compile, and fit, on a TPU slice?
+"""Ahead-of-time preflight: does every run of a sweep compile, fit, and run fast on a TPU slice?
 
-    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--json]
+    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--only GLOB] [--json]
 
 Needs the TPU compiler: ``pip install -e ".[tpu]"`` (libtpu). No TPU is
 needed: libtpu describes any slice (``v5e:2x2``, ``v5e:16x16``, ``v4:2x2x4``,
 ``v5p:2x2x2``, ``v6e:4x4``, ...) as compile-only devices, and for each run we
 build its mesh on them and compile exactly the sharded train step the trainer
 runs (``scaling.train.build``). Nothing is allocated and no data is read; the
-model's vocabulary is ``config.model.vocab_size`` as given.
+model's vocabulary is ``config.model.vocab_size`` as given. The mesh is the
+one the run will get: on a multi-host slice, one host's 2x2 chips (the
+launcher's default, host-parallel), the whole slice with ``--pod-wide``.
+Runs that differ only in seed compile once.
 
 What is reported per run, and where each number comes from:
 - ``hbm_bytes_per_device``: ``memory_analysis()`` of the compiled step,
@@ -20,21 +23,23 @@ What is reported per run, and where each number comes from:
 - ``fits``: those bytes are at most ``FIT_FRACTION`` of the chip's HBM. The
   5% margin covers what the runtime keeps for itself (libtpu reports 15.75 of
   16 GiB usable on v5e), the program code, and fragmentation.
-- ``flops``: ``cost_analysis()["flops"]`` is per device and per step (checked:
-  on 4 chips it is about a quarter of 6·N·tokens). The compiler counts the body
-  of a loop once, so for scanned layers (``model.scan_layers``) it misses
-  L-1 layers; we also compile the run unrolled at depths 1 and 2 and
-  extrapolate linearly in depth (see ``_whole_step_costs``).
-- ``estimated_step_seconds``: the compiler's ``optimal_seconds`` (same
-  correction) when it is positive. It is flops / 197e12 for a lone matmul on
-  v5e, but with libtpu 0.0.42 it comes out negative for all but the smallest
-  train steps (already at d=256 with 512-token sequences), a value with no
-  meaning; then the estimate is flops / peak FLOP/s, a lower bound that
-  ignores memory traffic and communication (``step_time_source`` says which).
-- ``estimated_mfu``: 6·N·tokens_per_step / (step seconds · chips · peak), with
-  N = 12·L·d², the count the trainer's own MFU uses. With the flops/peak
-  step time it is an upper bound: the share of compiled FLOPs that are model
-  FLOPs.
+- ``flops``, ``hbm_bytes_accessed`` (``cost_analysis()``) and
+  ``collective_bytes`` (ICI bytes sent, read from the compiled HLO by
+  ``sweeps.roofline.collective_traffic``), all per chip per step. The
+  compiler counts a loop body once, so for scanned layers we compile the run
+  unrolled at depths 1 and 2 and extrapolate linearly in depth, and for the
+  sliced cross-entropy once more with half-size slices
+  (``roofline.whole_step_costs``); those compiles are shared by every run of
+  the same width.
+- ``estimated_step_seconds``: the roofline of ``sweeps.roofline``,
+  max(FLOPs / peak, HBM bytes / bandwidth) + ICI bytes / bandwidth, with
+  ``bound`` naming the term that dominates (``compute_seconds``,
+  ``memory_seconds``, ``collective_seconds``).
+- ``estimated_mfu``: model FLOPs per step / (step seconds · chips · peak),
+  the model FLOPs being ``scaling.flops.training_flops_per_token`` ×
+  tokens_per_step, the count the trainer's own MFU uses;
+  ``mfu_upper_bound`` is the same with FLOPs / peak as the step time.
+The summary gives chip-hours and wall time of the whole sweep on the slice.
 """
 
 from __future__ import annotations
@@ -53,33 +58,13 @@ import jax
 import numpy as np
 
 from scaling import budget, mesh as mesh_lib, train
-from scaling.config import TrainConfig
+from scaling.config import TrainConfig, to_dict
+from scaling.flops import training_flops_per_token
+from sweeps import roofline
+from sweeps.roofline import CHIPS, GIB, Chip  # noqa: F401 - the chip table is part of this module's API
 
-GIB = 2**30
 FIT_FRACTION = 0.95
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """Public facts about one TPU generation."""
-
-    hbm_bytes: int  # per chip
-    peak_flops: float  # dense bf16 FLOP/s per chip
-    chip_config: str  # libtpu chip config giving one JAX device per chip, as on the TPU VMs
-    dims: int  # chip-grid dimensions in topology names: v5e:4x4, v4:2x2x4
-    cores_per_chip: int  # accelerator-type names count TensorCores (v4-32 = 16 chips)
-    accelerator_prefix: str
-
-
-# HBM and peak bf16 FLOP/s per chip are the public Cloud TPU spec-sheet
-# figures (cloud.google.com/tpu/docs/{v4,v5e,v5p,v6e}). The compiler agrees on
-# v5e: its optimal_seconds for a lone matmul is flops / 197e12.
-CHIPS = {
-    "v4": Chip(32 * GIB, 275e12, "megacore", 3, 2, "v4-"),
-    "v5e": Chip(16 * GIB, 197e12, "default", 2, 1, "v5litepod-"),
-    "v5p": Chip(95 * GIB, 459e12, "megacore", 3, 2, "v5p-"),
-    "v6e": Chip(32 * GIB, 918e12, "default", 2, 1, "v6e-"),
-}
+CHIPS_PER_HOST = 4  # every host of a multi-host v4, v5e, v5p or v6e slice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +82,17 @@ class Topology:
     @property
     def chips(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def hosts(self) -> int:
+        """TPU VMs of the slice: one for up to 8 chips in a 2-D grid (v5e:2x4) or 4 in 3-D, else 4 chips each."""
+        single_host = 8 if self.chip.dims == 2 else CHIPS_PER_HOST
+        return 1 if self.chips <= single_host else self.chips // CHIPS_PER_HOST
+
+    def one_host(self) -> "Topology":
+        """The 2x2 (2x2x1) slice of one host's chips: what each run gets in host-parallel mode."""
+        shape = (2, 2) if self.chip.dims == 2 else (2, 2, 1)
+        return Topology(f"{self.generation}:{'x'.join(map(str, shape))}", self.generation, shape)
 
 
 def parse_topology(name: str) -> Topology:
@@ -204,40 +200,9 @@ def _masking(config: TrainConfig) -> dict:
     return {}
 
 
-def _cost(compiled) -> tuple[float | None, float | None]:
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
-        analysis = analysis[0] if analysis else None
-    if not analysis:
-        return None, None
-    flops, seconds = analysis.get("flops"), analysis.get("optimal_seconds")
-    return (float(flops) if flops and flops > 0 else None), (float(seconds) if seconds and seconds > 0 else None)
-
-
-def _whole_step_costs(config: TrainConfig, mesh, compiled) -> tuple[float | None, float | None]:
-    """Per-device (flops, optimal_seconds) of one whole train step.
-
-    The compiler counts a loop body once, so with scanned layers its figures
-    miss L-1 layers. Layers are identical, so the step's cost is linear in
-    depth: we compile the same run unrolled at depths 1 and 2 and
-    extrapolate, cost(L) = cost(1) + (L-1)·(cost(2) - cost(1)). This equals a
-    full unrolled compile (tests/test_preflight.py checks it) at the price of
-    two small extra compiles.
-    """
-    depth = config.model.depth
-    if not config.model.scan_layers or depth == 1:
-        return _cost(compiled)
-    costs = []
-    for shallow in (1, 2):
-        unrolled = dataclasses.replace(config, model=dataclasses.replace(config.model, depth=shallow,
-                                                                         scan_layers=False))
-        costs.append(_cost(_compile(unrolled, mesh)))
-    (flops_1, seconds_1), (flops_2, seconds_2) = costs
-
-    def extrapolate(one, two):
-        return None if one is None or two is None else one + (depth - 1) * (two - one)
-
-    return extrapolate(flops_1, flops_2), extrapolate(seconds_1, seconds_2)
+def _whole_step_costs(config: TrainConfig, mesh, compiled) -> dict:
+    """Per-chip flops, HBM bytes and collective bytes of one whole train step (``roofline.whole_step_costs``)."""
+    return roofline.whole_step_costs(config, mesh, compiled, _compile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,8 +261,10 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list)
     chip = topology.chip
     row = {"name": name, "topology": topology.name, "chips": len(devices), "status": "FAIL", "fits": False,
            "hbm_bytes_per_device": None, "hbm_capacity_bytes": chip.hbm_bytes, "compiler_peak_bytes": None,
-           "argument_bytes": None, "temporary_bytes": None, "flops": None, "estimated_step_seconds": None,
-           "step_time_source": None, "estimated_mfu": None, "compile_seconds": None,
+           "argument_bytes": None, "temporary_bytes": None, "flops": None, "hbm_bytes_accessed": None,
+           "collective_bytes": None, "estimated_step_seconds": None, "bound": None, "compute_seconds": None,
+           "memory_seconds": None, "collective_seconds": None, "estimated_mfu": None, "mfu_upper_bound": None,
+           "compile_seconds": None,
            "tokens_per_step": config.batch_size * config.data.seq_len,
            "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
            "suggestion": None, "error": None}
@@ -341,18 +308,21 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list)
         row["suggestion"] = suggest(config, mesh, footprint, chip.hbm_bytes)
 
     try:
-        flops, optimal_seconds = _whole_step_costs(config, mesh, compiled)
-    except Exception as error:  # noqa: BLE001 - the FLOP count is a bonus; the fit verdict stands
-        flops, optimal_seconds = None, None
-        row["error"] = f"FLOP count unavailable: {_one_line(error)}"
-    row["flops"] = flops
-    if optimal_seconds is not None:
-        row.update(estimated_step_seconds=optimal_seconds, step_time_source="optimal_seconds")
-    elif flops is not None:
-        row.update(estimated_step_seconds=flops / chip.peak_flops, step_time_source="flops/peak")
-    if row["estimated_step_seconds"]:
-        model_flops = 6 * row["params_non_embedding"] * row["tokens_per_step"]
-        row["estimated_mfu"] = model_flops / (row["estimated_step_seconds"] * len(devices) * chip.peak_flops)
+        costs = _whole_step_costs(config, mesh, compiled)
+    except Exception as error:  # noqa: BLE001 - the cost estimate is a bonus; the fit verdict stands
+        row["error"] = f"cost estimate unavailable: {_one_line(error)}"
+        return row
+    row.update(flops=costs["flops"], hbm_bytes_accessed=costs["hbm_bytes"], collective_bytes=costs["collective_bytes"])
+    if costs["flops"] is None:
+        return row
+    estimate = roofline.estimate_step(chip, costs["flops"], costs["hbm_bytes"], costs["collective_bytes"])
+    model_flops = training_flops_per_token(config.model, config.data.seq_len).total * row["tokens_per_step"]
+    row.update(estimated_step_seconds=estimate.step_seconds, bound=estimate.bound,
+               compute_seconds=estimate.compute_seconds, memory_seconds=estimate.memory_seconds,
+               collective_seconds=estimate.collective_seconds,
+               estimated_mfu=roofline.model_flops_utilization(model_flops, estimate.step_seconds, len(devices), chip),
+               mfu_upper_bound=roofline.model_flops_utilization(model_flops, estimate.compute_seconds, len(devices),
+                                                                 chip))
     return row
 
 
@@ -360,60 +330,105 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list)
 # Many runs, and the command line
 
 
-def check_runs(runs, topology_name: str, progress=None) -> list[dict]:
-    """Preflight ``runs`` (pairs of name and TrainConfig) on the slice ``topology_name``; one row per run."""
+def checked_topology(topology: Topology, pod_wide: bool = False) -> Topology:
+    """The slice each run is compiled for: the whole slice pod-wide or on one host, else one host's chips.
+
+    In host-parallel mode (the launcher's default on a multi-host slice) every
+    host trains its own runs on its own 2x2 chips, so that is the mesh to check.
+    """
+    return topology if pod_wide or topology.hosts == 1 else topology.one_host()
+
+
+def _seedless(config: TrainConfig) -> str:
+    # Runs that differ only in seed (and so in name) compile to the same program.
+    fields = to_dict(config)
+    fields.update(seed=0, name="")
+    return json.dumps(fields, sort_keys=True)
+
+
+def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False) -> list[dict]:
+    """Preflight ``runs`` (pairs of name and TrainConfig) for the slice ``topology_name``; one row per run.
+
+    Each run is compiled for the mesh it will train on (``checked_topology``);
+    runs that differ only in seed are compiled once and share the row.
+    """
     if not os.environ.get("JAX_PLATFORMS"):
         # Host-side work needs only the CPU; never claim (or wait for) a local TPU.
         jax.config.update("jax_platforms", "cpu")
-    topology = parse_topology(topology_name)
+    slice_topology = parse_topology(topology_name)
+    topology = checked_topology(slice_topology, pod_wide)
     devices = topology_devices(topology)
-    rows = []
+    rows, done = [], {}
     for name, config in runs:
+        key = _seedless(config)
+        if key in done:
+            rows.append(dict(done[key], name=name, same_program_as=done[key]["name"]))
+            continue
         if progress is not None:
-            progress(f"compiling {name} for {topology.name} ({len(devices)} chips) ...")
-        rows.append(check_run(name, config, topology, devices))
+            progress(f"compiling {name} for {topology.name} ({len(devices)} chips"
+                     + (f", one host of {slice_topology.name})" if topology != slice_topology else ")") + " ...")
+        done[key] = check_run(name, config, topology, devices)
+        rows.append(done[key])
     return rows
+
+
+def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = False) -> dict:
+    """Chip-hours and wall time (``roofline.sweep_time``) of the ``runs`` (``RunSpec``s, one per row) that fit."""
+    slice_topology = parse_topology(topology_name)
+    topology = checked_topology(slice_topology, pod_wide)
+    parallel = 1 if topology == slice_topology else slice_topology.hosts
+    step_seconds = {run.run_id: row["estimated_step_seconds"] for run, row in zip(runs, rows) if row["fits"]}
+    mode = "host-parallel" if parallel > 1 else ("pod-wide" if slice_topology.hosts > 1 else "single host")
+    return {"topology": slice_topology.name, "checked_topology": topology.name, "mode": mode,
+            "runs": len(rows), "runs_failing": sum(not row["fits"] for row in rows),
+            **roofline.sweep_time(step_seconds, runs, topology.chips, parallel)}
 
 
 def _gib(value) -> str:
     return "-" if value is None else f"{value / GIB:.2f}"
 
 
-def format_table(rows: list[dict]) -> str:
-    """A plain-text table of preflight rows (GiB per chip, TFLOP per chip per step, seconds), then suggestions."""
-    header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "step s", "MFU est", "compile s", "result")
+def _cell(value, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def format_table(rows: list[dict], summary: dict | None = None) -> str:
+    """A plain-text table of preflight rows (GiB per chip, TFLOP and GB per chip per step, seconds), then notes."""
+    header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "ICI GB/chip", "step s", "bound", "MFU est",
+              "MFU max", "compile s", "result")
     lines = [header]
     for row in rows:
         lines.append((row["name"], _gib(row["hbm_bytes_per_device"]), _gib(row["hbm_capacity_bytes"]),
                       "yes" if row["fits"] else "no",
-                      "-" if row["flops"] is None else f"{row['flops'] / 1e12:.3g}",
-                      "-" if row["estimated_step_seconds"] is None else f"{row['estimated_step_seconds']:.3g}",
-                      "-" if row["estimated_mfu"] is None else f"{row['estimated_mfu']:.1%}",
-                      "-" if row["compile_seconds"] is None else f"{row['compile_seconds']:.1f}",
-                      row["status"]))
+                      _cell(row["flops"] and row["flops"] / 1e12, ".3g"),
+                      _cell(row["collective_bytes"] and row["collective_bytes"] / 1e9, ".3g"),
+                      _cell(row["estimated_step_seconds"], ".3g"), row["bound"] or "-",
+                      _cell(row["estimated_mfu"], ".1%"), _cell(row["mfu_upper_bound"], ".1%"),
+                      "same as " + row["same_program_as"] if row.get("same_program_as") else
+                      _cell(row["compile_seconds"], ".1f"), row["status"]))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     text = ["  ".join(str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
                       for i, (cell, width) in enumerate(zip(line, widths))) for line in lines]
     for row in rows:
-        if row["status"] == "FAIL":
+        if row["status"] == "FAIL" and not row.get("same_program_as"):
             text.append(f"{row['name']}: {row['suggestion'] or row['error']}")
-    sources = {row["step_time_source"] for row in rows if row["step_time_source"]}
-    if "flops/peak" in sources:
-        text.append("step s = compiled FLOPs / peak FLOP/s (the compiler gave no usable optimal_seconds): "
-                    "a lower bound, so MFU est is an upper bound")
+    text.append("step s = max(FLOPs / peak, HBM bytes / HBM bandwidth) + ICI bytes / ICI bandwidth "
+                "(sweeps/roofline.py); MFU max takes FLOPs / peak alone as the step time")
+    if summary:
+        text.append(f"sweep on {summary['topology']} ({summary['mode']}, each run on {summary['checked_topology']}): "
+                    f"{summary['runs_estimated']} of {summary['runs']} runs estimated, "
+                    f"{summary['chip_hours']:.1f} chip-hours, {summary['wall_hours']:.1f} h wall "
+                    f"({summary['in_parallel']} in parallel; training steps only)")
     return "\n".join(text)
 
 
-def _sweep_runs(sweep):
-    """(name, TrainConfig) pairs of a ``sweeps.spec.Sweep``, in its order."""
-    return [(spec.name, spec.config) for spec in sweep.expand().runs]
-
-
-def main(sweep, args) -> int:
+def main(sweep, args, runs=None) -> int:
     """Entry point behind ``python -m sweeps.launch preflight``: 0 if every run passes, 1 if any fails, 2 on bad input.
 
-    ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``) and ``json`` (print
-    a JSON list instead of the table).
+    ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
+    ``{"runs": [rows], "summary": {...}}`` instead of the table) and
+    ``pod_wide``. ``runs`` (``RunSpec``s; default: the whole sweep) are the
+    runs to check, e.g. after ``--only``.
     """
     try:  # a bad topology is reported first: it is wrong whatever is installed
         topology = parse_topology(args.topology)
@@ -424,8 +439,13 @@ def main(sweep, args) -> int:
         print('error: the preflight needs the TPU compiler (libtpu); install it with: pip install -e ".[tpu]"',
               file=sys.stderr)
         return 2
-    runs = _sweep_runs(sweep)
-    as_json = getattr(args, "json", False)
-    rows = check_runs(runs, topology.name, progress=lambda text: print(text, file=sys.stderr, flush=True))
-    print(json.dumps(rows, indent=2) if as_json else format_table(rows))
+    runs = sweep.expand().runs if runs is None else runs
+    pod_wide = getattr(args, "pod_wide", False)
+    rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide,
+                      progress=lambda text: print(text, file=sys.stderr, flush=True))
+    summary = sweep_summary(rows, runs, topology.name, pod_wide)
+    if getattr(args, "json", False):
+        print(json.dumps({"runs": rows, "summary": summary}, indent=2))
+    else:
+        print(format_table(rows, summary))
     return 0 if all(row["status"] == "PASS" for row in rows) else 1

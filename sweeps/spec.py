@@ -40,6 +40,7 @@ import numpy as np
 
 from scaling import budget
 from scaling.config import TrainConfig, config_id, override, to_dict
+from scaling.flops import training_flops_per_token
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Fields the grid sets on every run; --set may not change them.
@@ -56,16 +57,12 @@ def lr_tag(lr: float) -> str:
 
 
 def training_flops(config: TrainConfig) -> float:
-    """Rough training cost of ``config`` in FLOPs (forward + backward = 3 × forward).
-
-    Per token: 6·(12·L·d² + V·d) for the layer and unembedding matmuls, plus
-    12·L·T·d for attention scores and values over a sequence of T tokens.
+    """Training cost of ``config`` in FLOPs: ``scaling.flops.training_flops_per_token`` (forward +
+    backward, unembedding and attention included) times the tokens of all steps.
     Evaluation and compilation are not counted.
     """
-    model, seq_len = config.model, config.data.seq_len
-    matmul = budget.non_embedding_params(model.depth, model.width) + model.vocab_size * model.width
-    per_token = 6.0 * matmul + 12.0 * model.depth * seq_len * model.width
-    return per_token * config.steps * config.batch_size * seq_len
+    seq_len = config.data.seq_len
+    return training_flops_per_token(config.model, seq_len).total * config.steps * config.batch_size * seq_len
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import pytest
 
 from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
-from sweeps import launch, preflight
+from sweeps import launch, preflight, roofline
 
 GIB = 2**30
 TOPOLOGY = "v5e:2x2"  # 4 chips of 16 GiB
@@ -60,7 +60,8 @@ def test_libtpu_is_found_where_it_is_required():
 
 @pytest.mark.parametrize("name, chips, kind", [
     ("v5e:2x2", 4, "TPU v5 lite"), ("v5e:4x4", 16, "TPU v5 lite"), ("v4:2x2x4", 16, "TPU v4"),
-    ("v5p:2x2x2", 8, "TPU v5"), ("v6e:4x4", 16, "TPU v6 lite")])
+    ("v5p:2x2x2", 8, "TPU v5"), ("v6e:4x4", 16, "TPU v6 lite"),
+    ("v4:2x2x1", 4, "TPU v4"), ("v5p:2x2x1", 4, "TPU v5")])  # one host of the 3-D families
 def test_topologies_give_one_device_per_chip(devices, name, chips, kind):
     topology = preflight.parse_topology(name)
     found = preflight.topology_devices(topology)
@@ -98,12 +99,27 @@ def test_small_run_passes_with_memory_and_whole_step_flops(small_row):
     assert 0 < row["estimated_mfu"] <= 1
 
 
-def test_scanned_flops_match_an_unrolled_compile(small_row, devices):
+def test_scanned_costs_match_an_unrolled_compile(small_row, devices):
     # The compiler counts a loop body once; the preflight's correction must
     # give what the same model compiled layer by layer gives.
     scanned = small()
     unrolled = dataclasses.replace(scanned, model=dataclasses.replace(scanned.model, scan_layers=False))
-    assert small_row["flops"] == pytest.approx(check("unrolled", unrolled, devices)["flops"], rel=0.01)
+    whole = check("unrolled", unrolled, devices)
+    assert small_row["flops"] == pytest.approx(whole["flops"], rel=0.01)
+    assert small_row["collective_bytes"] == pytest.approx(whole["collective_bytes"], rel=0.05)
+    assert small_row["collective_bytes"] > 0  # data parallel over 4 chips: the gradients are all-reduced
+    assert small_row["bound"] in ("compute", "memory", "collectives")
+
+
+def test_sliced_loss_costs_count_every_slice(devices):
+    # 4 slices of 16 positions: the compiler counts the slice loop's body
+    # once; the correction must give what one unsliced loss gives, plus the
+    # slices' logits recomputed in the backward pass (a forward unembedding).
+    base = small(batch_size=8)
+    sliced = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_chunk_tokens=128))
+    whole = check("whole", base, devices)["flops"]
+    corrected = check("sliced", sliced, devices)["flops"]
+    assert whole <= corrected <= 1.08 * whole
 
 
 def test_oversized_run_without_fsdp_does_not_fit(devices):
@@ -169,12 +185,14 @@ def cli_run(tmp_path_factory):
 
 
 def test_cli_json_reports_every_run(cli_run):
-    code, rows = cli_run
+    code, report = cli_run
+    rows = report["runs"]
     assert code == 1  # one run does not fit
     assert [row["name"] for row in rows] == ["L1-d64-s0", "L48-d8192-s0"]
     for row in rows:
-        assert {"name", "hbm_bytes_per_device", "hbm_capacity_bytes", "fits", "flops", "estimated_step_seconds",
-                "estimated_mfu"} <= set(row)
+        assert {"name", "hbm_bytes_per_device", "hbm_capacity_bytes", "fits", "flops", "collective_bytes",
+                "estimated_step_seconds", "estimated_mfu", "bound"} <= set(row)
+    assert report["summary"]["runs"] == 2 and report["summary"]["runs_estimated"] == 1
     small_run, big_run = rows
     assert small_run["fits"] and small_run["flops"] > 0 and small_run["hbm_bytes_per_device"] > 0
     assert not big_run["fits"] and big_run["hbm_bytes_per_device"] > big_run["hbm_capacity_bytes"]
@@ -182,8 +200,8 @@ def test_cli_json_reports_every_run(cli_run):
 
 
 def test_table_names_runs_results_and_suggestions(cli_run):
-    _, rows = cli_run
-    lines = preflight.format_table(rows).splitlines()
+    _, report = cli_run
+    lines = preflight.format_table(report["runs"], report["summary"]).splitlines()
     assert lines[0].split()[0] == "run"
     assert lines[1].startswith("L1-d64-s0") and lines[1].endswith("PASS")
     assert lines[2].startswith("L48-d8192-s0") and lines[2].endswith("FAIL")
@@ -211,3 +229,64 @@ def test_bad_topology_on_the_command_line(tmp_path, capsys):
     assert launch.main(["preflight", path, "--topology", "v5e:4"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "2-D chip grid" in err
+
+
+# ---------------------------------------------------------------------------
+# Which mesh, which runs, how often: no compiler needed
+
+
+@pytest.mark.parametrize("slice_name, one_host", [
+    ("v5e:2x2", "v5e:2x2"), ("v5e:2x4", "v5e:2x4"), ("v5e:4x4", "v5e:2x2"), ("v5e:16x16", "v5e:2x2"),
+    ("v6e:8x8", "v6e:2x2"), ("v4:2x2x1", "v4:2x2x1"), ("v4:2x2x4", "v4:2x2x1"), ("v5p:2x2x2", "v5p:2x2x1")])
+def test_host_parallel_runs_are_checked_on_one_hosts_chips(slice_name, one_host):
+    topology = preflight.parse_topology(slice_name)
+    assert preflight.checked_topology(topology).name == one_host
+    assert preflight.checked_topology(topology, pod_wide=True).name == slice_name
+
+
+def fake_row(name, config, topology, devices):
+    return {"name": name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
+            "checked": (topology.name, len(devices))}
+
+
+def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, monkeypatch, capsys):
+    checked = []
+    monkeypatch.setattr(preflight, "libtpu_installed", lambda: True)
+    monkeypatch.setattr(preflight, "topology_devices", lambda topology: [None] * topology.chips)
+    monkeypatch.setattr(preflight, "check_run", lambda *args: checked.append(args[0]) or fake_row(*args))
+    path = tmp_path / "seeds.py"
+    path.write_text(SWEEP_FILE.format(depths=(1, 2), widths={1: (64,), 2: (64,)}).replace(
+        'widths={1: (64,), 2: (64,)})', 'widths={1: (64,), 2: (64,)}, seeds=(0, 1, 2))'))
+    assert launch.main(["preflight", str(path), "--topology", "v5e:4x4", "--only", "L1-*", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert checked == ["L1-d64-s0"]  # three seeds, one compile
+    assert [row["name"] for row in report["runs"]] == ["L1-d64-s0", "L1-d64-s1", "L1-d64-s2"]
+    assert [row.get("same_program_as") for row in report["runs"]] == [None, "L1-d64-s0", "L1-d64-s0"]
+    assert {tuple(row["checked"]) for row in report["runs"]} == {("v5e:2x2", 4)}
+    summary = report["summary"]
+    steps = TrainConfig().steps
+    assert summary["mode"] == "host-parallel" and summary["in_parallel"] == 4
+    assert summary["chip_hours"] == pytest.approx(3 * steps * 0.5 * 4 / 3600)
+    assert summary["wall_hours"] == pytest.approx(steps * 0.5 / 3600)  # one run per host
+    checked.clear()
+    assert launch.main(["preflight", str(path), "--topology", "v5e:4x4", "--pod-wide", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert checked == ["L1-d64-s0", "L2-d64-s0"]
+    assert {tuple(row["checked"]) for row in report["runs"]} == {("v5e:4x4", 16)}
+    assert report["summary"]["wall_hours"] == pytest.approx(6 * steps * 0.5 / 3600)
+
+
+def test_depth_one_and_two_compiles_are_shared_by_every_depth_of_a_width(monkeypatch, eight_devices):
+    compiled = []
+    monkeypatch.setattr(roofline, "_SHALLOW_COSTS", {})
+    monkeypatch.setattr(preflight, "_compile", lambda config, mesh: compiled.append(config.model.depth) or config)
+    monkeypatch.setattr(roofline, "compiled_costs", lambda config, chips: {
+        "flops": 5.0 + 10 * config.model.depth, "hbm_bytes": None, "collective_bytes": 2.0 * config.model.depth})
+    mesh = preflight.mesh_lib.make_mesh(MeshConfig(data=4, fsdp=2), eight_devices)
+    for depth, seed in ((3, 0), (5, 1), (7, 2)):
+        config = dataclasses.replace(small(depth=depth), seed=seed)
+        costs = preflight._whole_step_costs(config, mesh, None)
+        assert costs == {"flops": 5.0 + 10 * depth, "hbm_bytes": None, "collective_bytes": 2.0 * depth}
+    assert compiled == [1, 2]  # once for the width, not per depth or seed
+    preflight._whole_step_costs(small(depth=3, width=128), mesh, None)
+    assert compiled == [1, 2, 1, 2]

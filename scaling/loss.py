@@ -1,0 +1,229 @@
+"""The training objectives' losses, computed so that whole logits never exist.
+
+``[batch, length, vocab]`` float32 logits are the largest array of a small
+model's step (with a 50k vocabulary they dwarf every activation), so the
+model hands over its final hidden states and unembedding kernel
+(``Transformer(..., return_hidden=True)``) and:
+
+- ``cross_entropy_sum`` forms the logits for a slice of the sequence at a
+  time under ``jax.lax.scan``; each slice's logits are recomputed in the
+  backward pass (``jax.checkpoint``), so the backward pass is sliced too;
+- ``label_cross_entropy_sums`` (classification) only ever forms the two
+  label logits;
+- ``loss_and_grads`` splits a batch into microbatches (gradient
+  accumulation) and returns exactly the full batch's token-weighted mean
+  loss and its gradient: it sums losses, weights and gradients over the
+  microbatches and divides once, never averaging means.
+
+``compute_loss`` is the one-call form used by evaluation and tests.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from scaling.model import Transformer, unembed
+
+
+def mask_for_mlm(rng, inputs, input_mask, *, rate: float, mask_id: int, random_token_limit: int):
+    """BERT-style masking of token ids [batch, length].
+
+    Each real token is selected with probability ``rate``; a selected token is
+    replaced by ``mask_id`` 80% of the time, by a random id in
+    [0, random_token_limit) 10% of the time, and kept 10% of the time.
+    Returns ``(masked_inputs, targets, weights)``: the loss counts selected
+    positions only (weights 1.0 there, 0.0 elsewhere).
+    """
+    select_key, action_key, random_key = jax.random.split(rng, 3)
+    real = jnp.ones(inputs.shape, bool) if input_mask is None else input_mask > 0
+    selected = (jax.random.uniform(select_key, inputs.shape) < rate) & real
+    action = jax.random.uniform(action_key, inputs.shape)
+    random_ids = jax.random.randint(random_key, inputs.shape, 0, random_token_limit, dtype=inputs.dtype)
+    masked = jnp.where(selected & (action < 0.8), mask_id, inputs)
+    masked = jnp.where(selected & (action >= 0.8) & (action < 0.9), random_ids, masked)
+    return masked, inputs, selected.astype(jnp.float32)
+
+
+def _slice_loss_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str):
+    logits = unembed(hidden, kernel, vocab_size, compute_dtype)
+    return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum()
+
+
+def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str,
+                      chunk_tokens: int) -> jax.Array:
+    """Σ weights · (−log p(target)) in nats over [batch, length] positions (float32 scalar).
+
+    ``hidden`` [batch, length, width] are the final hidden states, ``kernel``
+    [width, padded vocabulary] the unembedding (ids >= ``vocab_size`` are
+    padding and never predicted). The logits are formed for
+    ``max(1, chunk_tokens // batch)`` positions of every sequence at a time,
+    so at most about ``chunk_tokens`` × padded-vocabulary float32 logits are
+    alive, forward and backward; slicing the sequence rather than the batch
+    keeps each slice spread over the batch's shards. A batch of at most
+    ``chunk_tokens`` tokens is computed in one piece.
+    """
+    batch, length, _ = hidden.shape
+    sum_slice = functools.partial(_slice_loss_sum, vocab_size=vocab_size, compute_dtype=compute_dtype)
+    chunk = min(length, max(1, chunk_tokens // batch))
+    if chunk == length:
+        return sum_slice(hidden, kernel, targets, weights)
+    chunks = -(-length // chunk)
+    padding = chunks * chunk - length  # extra positions carry weight 0
+    if padding:
+        hidden = jnp.pad(hidden, ((0, 0), (0, padding), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, padding)))
+        weights = jnp.pad(weights, ((0, 0), (0, padding)))
+
+    def slices(array):  # [batch, chunks * chunk, ...] -> [chunks, batch, chunk, ...]
+        return jnp.moveaxis(array.reshape(batch, chunks, chunk, *array.shape[2:]), 1, 0)
+
+    # Saving nothing, the backward pass recomputes one slice's logits at a time.
+    sum_slice = jax.checkpoint(sum_slice, prevent_cse=False)
+
+    def add_slice(total, xs):
+        hidden_slice, target_slice, weight_slice = xs
+        return total + sum_slice(hidden_slice, kernel, target_slice, weight_slice), None
+
+    total, _ = jax.lax.scan(add_slice, jnp.zeros((), jnp.float32), (slices(hidden), slices(targets), slices(weights)))
+    return total
+
+
+def label_cross_entropy_sums(hidden, kernel, targets, weights, label_ids: tuple[int, int], compute_dtype: str):
+    """Binary classification read from two logits of the vocabulary.
+
+    Only the logits of ``label_ids`` (class 0's token, class 1's token)
+    count: their difference is the classifier's logit, so this is the
+    sigmoid output layer of "Overcoming a Theoretical Limitation of
+    Self-Attention" (section 2.1), whatever the other logits say; only those
+    two columns of the unembedding are ever multiplied. ``targets`` hold the
+    label token at weighted positions. Returns ``(Σ weights · cross-entropy
+    in nats, Σ weights of correct predictions)``.
+    """
+    pair = unembed(hidden, kernel[:, jnp.asarray(label_ids)], 2, compute_dtype)  # [batch, length, 2]
+    classes = (targets == label_ids[1]).astype(jnp.int32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(pair, classes)
+    correct = (jnp.argmax(pair, axis=-1) == classes).astype(jnp.float32)
+    return (losses * weights).sum(), (correct * weights).sum()
+
+
+def objective_batch(model: Transformer, batch: dict, rng, *, mask_id: int | None = None,
+                    random_token_limit: int | None = None):
+    """``(batch, dropout_rng)``: the batch the loss sees, and the key for dropout.
+
+    For the masked objective on LM data (``mask_id`` given), the inputs are
+    masked with a key drawn from ``rng`` and the targets and weights become
+    the original tokens at the masked positions; otherwise ``batch`` passes
+    through. ``rng`` None means ``PRNGKey(0)``.
+    """
+    cfg = model.config
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    mask_rng, dropout_rng = jax.random.split(rng)
+    prepared = {"inputs": batch["inputs"], "targets": batch["targets"], "weights": batch["weights"],
+                "input_mask": batch.get("input_mask")}
+    if cfg.objective == "masked" and mask_id is not None:
+        prepared["inputs"], prepared["targets"], prepared["weights"] = mask_for_mlm(
+            mask_rng, batch["inputs"], prepared["input_mask"], rate=cfg.mask_rate, mask_id=mask_id,
+            random_token_limit=random_token_limit or cfg.vocab_size)
+    return prepared, dropout_rng
+
+
+def loss_sums(model: Transformer, params, batch: dict, *, dropout_rng, deterministic: bool = True,
+              label_ids: tuple[int, int] | None = None) -> dict:
+    """Summed loss of an ``objective_batch``: ``loss_sum`` (nats, weighted), ``tokens`` (Σ weights),
+    ``correct`` (weighted correct labels; 0 without ``label_ids``)."""
+    cfg = model.config
+    hidden, kernel = model.apply({"params": params}, batch["inputs"], batch["input_mask"],
+                                 deterministic=deterministic, rngs={"dropout": dropout_rng}, return_hidden=True)
+    targets, weights = batch["targets"], batch["weights"]
+    if label_ids is not None:
+        loss_sum, correct = label_cross_entropy_sums(hidden, kernel, targets, weights, label_ids, cfg.compute_dtype)
+    else:
+        loss_sum = cross_entropy_sum(hidden, kernel, targets, weights, vocab_size=cfg.vocab_size,
+                                     compute_dtype=cfg.compute_dtype, chunk_tokens=cfg.loss_chunk_tokens)
+        correct = jnp.zeros((), jnp.float32)
+    return {"loss_sum": loss_sum, "tokens": weights.sum(), "correct": correct}
+
+
+def _mean(sums: dict, label_ids) -> tuple[jax.Array, dict]:
+    loss = sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0)
+    aux = {"loss": loss, "tokens": sums["tokens"]}
+    if label_ids is not None:
+        aux["correct"] = sums["correct"]
+    return loss, aux
+
+
+def compute_loss(model: Transformer, params, batch: dict, *, rng=None, deterministic: bool = True,
+                 mask_id: int | None = None, random_token_limit: int | None = None,
+                 label_ids: tuple[int, int] | None = None):
+    """Loss in nats per predicted token for one batch of the data pipeline's format.
+
+    ``batch`` holds ``inputs``, ``targets``, ``weights`` and ``input_mask``
+    ([batch, length] arrays). For the masked objective on LM data
+    (``mask_id`` given), ``inputs`` are masked here with ``rng`` and the
+    targets are the original tokens; otherwise the batch's targets are used.
+    ``label_ids`` (classification tasks) reads each label from those two
+    logits only (``label_cross_entropy_sums``); the aux dict then also holds
+    ``correct``, the number of correctly classified examples.
+    Returns ``(loss, {"loss": ..., "tokens": number of predicted tokens})``.
+    """
+    prepared, dropout_rng = objective_batch(model, batch, rng, mask_id=mask_id, random_token_limit=random_token_limit)
+    sums = loss_sums(model, params, prepared, dropout_rng=dropout_rng, deterministic=deterministic,
+                     label_ids=label_ids)
+    return _mean(sums, label_ids)
+
+
+def loss_and_grads(model: Transformer, params, batch: dict, *, rng=None, microbatches: int = 1,
+                   deterministic: bool = True, mask_id: int | None = None, random_token_limit: int | None = None,
+                   label_ids: tuple[int, int] | None = None):
+    """``(loss, aux, grads)`` of ``compute_loss`` on the whole ``batch``, in ``microbatches`` passes.
+
+    Masking (masked objective) is drawn once for the whole batch, then the
+    batch is cut into ``microbatches`` interleaved slices (sequence i goes to
+    microbatch i mod k, so a batch sharded by rows leaves every microbatch
+    spread over all shards) and a ``jax.lax.scan`` sums each slice's weighted
+    loss, weights and gradient; one division by the total weight at the end
+    gives the full batch's mean loss and gradient. Only one microbatch's
+    activations are alive at a time. Dropout draws a different key per
+    microbatch, so with dropout the noise (not the data) depends on the split.
+    """
+    def mean_loss(p):
+        return compute_loss(model, p, batch, rng=rng, deterministic=deterministic, mask_id=mask_id,
+                            random_token_limit=random_token_limit, label_ids=label_ids)
+
+    if microbatches == 1:
+        (loss, aux), grads = jax.value_and_grad(mean_loss, has_aux=True)(params)
+        return loss, aux, grads
+    rows = batch["inputs"].shape[0]
+    if rows % microbatches:
+        raise ValueError(f"microbatches={microbatches} is invalid: allowed a divisor of the batch's {rows} rows")
+    prepared, dropout_rng = objective_batch(model, batch, rng, mask_id=mask_id, random_token_limit=random_token_limit)
+
+    def interleave(array):  # [rows, ...] -> [microbatches, rows // microbatches, ...]
+        return jnp.moveaxis(array.reshape(rows // microbatches, microbatches, *array.shape[1:]), 1, 0)
+
+    micro = jax.tree_util.tree_map(interleave, prepared)
+
+    def add_microbatch(totals, xs):
+        index, piece = xs
+
+        def summed(p):
+            sums = loss_sums(model, p, piece, dropout_rng=jax.random.fold_in(dropout_rng, index),
+                             deterministic=deterministic, label_ids=label_ids)
+            return sums["loss_sum"], sums
+
+        (_, sums), grads = jax.value_and_grad(summed, has_aux=True)(params)
+        grad_sum, counts = totals
+        grad_sum = jax.tree_util.tree_map(lambda total, g: total + g.astype(jnp.float32), grad_sum, grads)
+        return (grad_sum, jax.tree_util.tree_map(jnp.add, counts, sums)), None
+
+    zeros = (jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+             {key: jnp.zeros((), jnp.float32) for key in ("loss_sum", "tokens", "correct")})
+    (grad_sum, sums), _ = jax.lax.scan(add_microbatch, zeros, (jnp.arange(microbatches), micro))
+    scale = 1.0 / jnp.maximum(sums["tokens"], 1.0)
+    grads = jax.tree_util.tree_map(lambda total, p: (total * scale).astype(p.dtype), grad_sum, params)
+    loss, aux = _mean(sums, label_ids)
+    return loss, aux, grads
