@@ -72,7 +72,6 @@ def test_causal_logits_never_see_the_future(objective_position):
     _, position = objective_position
     config = ModelConfig(depth=2, width=64, position=position, norm="post")
     params = init_params(config, jax.random.PRNGKey(0))
-    model = Transformer(config)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, config.vocab_size)
     base = forward(config, params, tokens)
     for changed_position in (0, 7, 23):
