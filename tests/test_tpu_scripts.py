@@ -257,7 +257,9 @@ FAKE_PYTHON = r'''#!/usr/bin/env bash
 echo "$*" >> "$HOME/python_calls"
 case "$*" in
   *"sweeps.launch run"*)
-    echo "fake launcher on $FAKE_HOST, WANDB_MODE=${WANDB_MODE:-unset}"; sleep "${FAKE_LAUNCH_SECONDS:-0}"
+    echo "fake launcher on $FAKE_HOST, WANDB_MODE=${WANDB_MODE:-unset}"
+    # Stays running until the test creates $FAKE_LAUNCH_UNTIL (at most 2 minutes), if set.
+    for _ in $(seq 2400); do [ -z "${FAKE_LAUNCH_UNTIL:-}" ] || [ -f "$FAKE_LAUNCH_UNTIL" ] && break; sleep 0.05; done
     # The first launch on a worker may exit differently (e.g. 75: preempted), later ones as FAKE_LAUNCH_EXIT.
     if [ -n "${FAKE_FIRST_LAUNCH_EXIT:-}" ] && [ ! -f "$HOME/launched_once" ]; then
       touch "$HOME/launched_once"; exit "$FAKE_FIRST_LAUNCH_EXIT"
@@ -299,7 +301,9 @@ def cloud(tmp_path):
     class Cloud:
         project, tpu = src, src / "tpu"
         head = git(src, "rev-parse", "HEAD")
-        env = clean_env(GCLOUD=str(gcloud), FAKE_CLOUD=str(fake))
+        # COLUMNS=80: `gcloud ... ssh --command` gives the worker no terminal, so tools
+        # such as ps cut their output at 80 columns there, whatever the caller's terminal.
+        env = clean_env(GCLOUD=str(gcloud), FAKE_CLOUD=str(fake), COLUMNS="80")
 
         def run(self, script, *args, **env):
             return run(script, *args, tpu_dir=self.tpu, env={**self.env, **env})
@@ -400,9 +404,11 @@ def test_setup_warns_about_an_unpushed_commit(cloud):
 def test_launch_leaves_a_running_launcher_alone(cloud):
     assert cloud.run("setup", *SLICE).returncode == 0
     args = ("launch", SWEEP, "--workdir", "gs://b/s", *SLICE)
-    assert cloud.run(*args, FAKE_LAUNCH_SECONDS="2").returncode == 0
+    release = cloud.project.parent / "release-the-launchers"
+    assert cloud.run(*args, FAKE_LAUNCH_UNTIL=str(release)).returncode == 0
     again = cloud.run(*args)
     assert again.returncode == 0 and "already running" in again.stdout
+    release.touch()
     wait_for_exit_files(cloud)
     runs = (cloud.home("w0") / "python_calls").read_text().count("sweeps.launch run")
     assert runs == 1

@@ -159,8 +159,10 @@ sweep_log_dir() {
 # A shell test, true on a worker whose launcher (log files at "$p.*") runs:
 # no exit status yet, and the recorded pid is alive and is a sweep launcher
 # (a pid left from before a reboot may belong to something else by now).
+# -ww: over ssh without a terminal ps cuts the command line at 80 columns,
+# before "sweeps.launch", and a running launcher would look gone.
 # shellcheck disable=SC2016
-LAUNCHER_RUNNING='[ ! -f "$p.exit" ] && [ -f "$p.pid" ] && ps -o args= -p "$(cat "$p.pid")" 2>/dev/null | grep -q sweeps.launch'
+LAUNCHER_RUNNING='[ ! -f "$p.exit" ] && [ -f "$p.pid" ] && ps -ww -o args= -p "$(cat "$p.pid")" 2>/dev/null | grep -q sweeps.launch'
 
 # A remote command that prints, on each worker, one line
 # "WORKER_STATE <hostname> <running|done|preempted|failed|idle>" and then the
