@@ -145,8 +145,8 @@ def _checkpoint_steps(run_dir: Path) -> list[int]:
 
 
 def test_killed_sweep_resumes_without_retraining_finished_runs(tmp_path):
-    # Cheapest first: L1-d16 finishes quickly, then L2-d64 trains 600 steps, checkpointing every 50.
-    sweep_file = write_sweep(tmp_path, "killed", "depths=(1, 2), widths={1: (16,), 2: (64,)}", steps=600,
+    # Cheapest first: L1-d16 finishes quickly, then L2-d64 trains 300 steps, checkpointing every 50.
+    sweep_file = write_sweep(tmp_path, "killed", "depths=(1, 2), widths={1: (16,), 2: (64,)}", steps=300,
                              checkpoint_every=50, log_every=10)
     workdir = tmp_path / "runs"
     sweep = spec.load_sweep(sweep_file)
@@ -174,13 +174,13 @@ def test_killed_sweep_resumes_without_retraining_finished_runs(tmp_path):
     assert (small_dir / "result.json").stat().st_mtime_ns == small_mtime
     # ...and the interrupted one continued from its checkpoint instead of starting over.
     record = json.loads((big_dir / "result.json").read_text())
-    assert record["status"] == "finished" and record["steps"] == 600
+    assert record["status"] == "finished" and record["steps"] == 300
     rows = [json.loads(line) for line in (big_dir / "metrics.jsonl").read_text().splitlines()]
     loss_steps = [row["step"] for row in rows if "loss" in row]
     assert loss_steps.count(10) == 1  # a restart from scratch would log step 10 twice
     assert [row["step"] for row in rows] == sorted({row["step"] for row in rows})  # one row per step
     assert len([row for row in rows if "eval_loss" in row and row["step"] == 0]) == 1
-    assert sorted(set(loss_steps)) == list(range(10, 601, 10))
+    assert sorted(set(loss_steps)) == list(range(10, 301, 10))
 
 
 def test_diverging_run_is_recorded_and_the_others_finish(tmp_path, capsys):
