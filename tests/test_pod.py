@@ -176,8 +176,8 @@ def test_two_processes_pod_wide_train_the_same_runs_despite_a_stale_record(tmp_p
     checkpoint_steps = {4, 8, 12}
     for report in reports:  # (both runs together; the check before the first step is step 0)
         transfers = [(0 if step is None else step, where) for step, where in report["loop_transfers"]]
-        assert [step for step, where in transfers if where == "train.py:agree"] == report["checked_steps"]
-        assert {step for step, where in transfers if where != "train.py:agree"} <= checkpoint_steps, transfers
+        assert [step for step, where in transfers if where == "stopping.py:agree"] == report["checked_steps"]
+        assert {step for step, where in transfers if where != "stopping.py:agree"} <= checkpoint_steps, transfers
         quiet = set(range(1, 13)) - {step for step, _ in transfers}
         assert len(quiet) >= 4, transfers  # most steps make no cross-process transfer at all
     assert reports[0]["checked_steps"] == reports[1]["checked_steps"]
