@@ -98,6 +98,7 @@ class SweepAnalysis:
             if transition.noise is not None and transition.comparison is not None:
                 out.append(f"  {transition.noise.describe()}; {transition.paper_text()}; "
                            f"{transition.crossing_text()}")
+                out += ["    " + line for line in transition.size_lines()]
         for estimate in ESTIMATES:
             fit = self.fits.get(estimate)
             label = "zero-crossing estimate" if estimate == "crossing" else "paper's significance rule"

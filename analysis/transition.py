@@ -61,7 +61,8 @@ class PairComparison:
 
     params in parameters (12·L·d²), widths of the shallower depth in channels,
     diff = loss_shallow - loss_deep and its standard error in nats per token,
-    critical = the t (or z) value the ratio diff/se must exceed.
+    critical = the t (or z) value the ratio diff/se must exceed in the
+    one-sided test at level ``alpha``.
     """
 
     params: np.ndarray
@@ -71,6 +72,7 @@ class PairComparison:
     diff: np.ndarray
     se: np.ndarray
     critical: np.ndarray
+    alpha: float = 0.05
 
     @property
     def worse(self) -> np.ndarray:
@@ -81,6 +83,38 @@ class PairComparison:
     def better(self) -> np.ndarray:
         """True where the shallower net is significantly better."""
         return self.diff < -self.critical * self.se
+
+    @property
+    def interval_level(self) -> float:
+        """Coverage of ``interval``: 1 - 2·alpha (0.9 at the default alpha)."""
+        return 1.0 - 2.0 * self.alpha
+
+    def interval(self) -> tuple[np.ndarray, np.ndarray]:
+        """Two-sided interval diff ± critical·se per size (nats per token).
+
+        Its level is ``interval_level``, so it excludes zero exactly where one
+        of the two one-sided tests is significant.
+        """
+        half = self.critical * self.se
+        return self.diff - half, self.diff + half
+
+    def rows(self) -> list[dict]:
+        """One dict per compared size: params, width, both losses, diff, se, its interval and the verdict."""
+        low, high = self.interval()
+        verdicts = np.where(self.better, "shallower better", np.where(self.worse, "deeper better", "not significant"))
+        return [{"params": float(self.params[i]), "width": float(self.widths[i]),
+                 "loss_shallow": float(self.loss_shallow[i]), "loss_deep": float(self.loss_deep[i]),
+                 "diff": float(self.diff[i]), "se": float(self.se[i]), "diff_interval": [float(low[i]), float(high[i])],
+                 "interval_level": self.interval_level, "verdict": str(verdicts[i])} for i in range(self.params.size)]
+
+    def no_gain_range(self) -> tuple[float, float] | None:
+        """(smallest, largest) compared N before the first size where the deeper net is significantly better.
+
+        None when it is already significantly better at the smallest compared size.
+        """
+        worse = np.flatnonzero(self.worse)
+        last = self.params.size if worse.size == 0 else int(worse[0])
+        return (float(self.params[0]), float(self.params[last - 1])) if last > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,11 +201,32 @@ class Transition:
             text += "; too few resamples cross to use it in the fit"
         return text
 
+    def size_lines(self) -> list[str]:
+        """One text line per compared size: both losses, the difference with its interval, the verdict."""
+        if self.comparison is None:
+            return []
+        shallow, deep = self.shallow_depth, self.deep_depth
+        return [f"N={row['params']:.3g} (width {row['width']:.0f}): L={shallow} {row['loss_shallow']:.4f}, "
+                f"L={deep} {row['loss_deep']:.4f}, difference {row['diff']:+.4f} "
+                f"({row['interval_level']:.0%} interval {row['diff_interval'][0]:+.4f} to "
+                f"{row['diff_interval'][1]:+.4f}): {row['verdict']}" for row in self.comparison.rows()]
+
     def to_dict(self) -> dict:
-        """JSON-ready summary (no per-size arrays)."""
+        """JSON-ready summary.
+
+        Besides the fields: ``sizes`` is the per-size comparison
+        (``PairComparison.rows``), ``largest_gap`` its row with the largest
+        |diff|, and ``no_gain_params`` the range of N where the deeper net was
+        not (yet) significantly better, None when it was at the smallest size.
+        """
         out = {key: getattr(self, key) for key in (
             "shallow_depth", "deep_depth", "status", "message", "params_before", "params_after",
             "width", "width_error", "paper_fraction", "crossing_width", "crossing_fraction", "confidence")}
+        rows = self.comparison.rows() if self.comparison is not None else []
+        out["sizes"] = rows
+        out["largest_gap"] = max(rows, key=lambda row: abs(row["diff"])) if rows else None
+        no_gain = self.comparison.no_gain_range() if self.comparison is not None else None
+        out["no_gain_params"] = list(no_gain) if no_gain else None
         out["paper_ci"] = list(self.paper_ci) if self.paper_ci else None
         out["crossing_ci"] = list(self.crossing_ci) if self.crossing_ci else None
         out["noise"] = dataclasses.asdict(self.noise) if self.noise else None
@@ -314,7 +369,8 @@ def compare_pair(data: _PairData, shallow: int, method: str, noise: PairNoise, a
                          std_deep, n_deep, alpha)
     params = low["params"].to_numpy(float)
     return PairComparison(params=params, widths=width_at(params, shallow), loss_shallow=loss_shallow,
-                          loss_deep=loss_deep, diff=loss_shallow - loss_deep, se=se, critical=critical)
+                          loss_deep=loss_deep, diff=loss_shallow - loss_deep, se=se, critical=critical,
+                          alpha=alpha)
 
 
 def paper_rule(diff, threshold, widths):

@@ -137,3 +137,32 @@ def test_one_depth_is_refused():
     runs = pair_runs(2e8)
     with pytest.raises(AnalysisInputError, match="two or more depths"):
         find_transitions(runs[runs["depth"] == SHALLOW])
+
+
+def test_per_size_rows_agree_with_the_test_and_name_where_depth_did_not_pay_off():
+    (transition,), _ = find_transitions(pair_runs(3e7, rng=0), n_bootstrap=0)
+    assert transition.status == "found"
+    out = transition.to_dict()
+    rows = out["sizes"]
+    assert [row["params"] for row in rows] == sorted(row["params"] for row in rows)
+    for row in rows:
+        low, high = row["diff_interval"]
+        assert low < row["diff"] < high
+        assert row["diff"] == pytest.approx(row["loss_shallow"] - row["loss_deep"])
+        # a 90% two-sided interval excludes zero exactly where a one-sided 5% test is significant
+        assert row["interval_level"] == pytest.approx(0.9)
+        assert (row["verdict"] != "not significant") == (low > 0 or high < 0)
+        assert (row["verdict"] == "deeper better") == (low > 0)
+    assert rows[0]["verdict"] == "shallower better" and rows[-1]["verdict"] == "deeper better"
+    assert out["largest_gap"]["diff"] == max((row["diff"] for row in rows), key=abs)
+    assert out["no_gain_params"] == [rows[0]["params"], transition.params_before]
+    lines = transition.size_lines()
+    assert len(lines) == len(rows) and "90% interval" in lines[0] and lines[-1].endswith("deeper better")
+
+
+def test_without_a_transition_depth_did_not_pay_off_over_the_whole_range():
+    (above,), _ = find_transitions(pair_runs(2e8, offset=8.0), n_bootstrap=0)
+    rows = above.to_dict()["sizes"]
+    assert above.to_dict()["no_gain_params"] == [rows[0]["params"], rows[-1]["params"]]
+    (below,), _ = find_transitions(pair_runs(2e8, offset=-8.0), n_bootstrap=0)
+    assert below.to_dict()["no_gain_params"] is None
