@@ -2,18 +2,20 @@
 
 * ``plot_depth_pair``: loss against N for an adjacent depth pair, the
   transition bracket shaded (Fig. 2).
+* ``plot_pair_differences``: every pair's loss difference against N with its
+  significance interval, in one panel.
 * ``plot_width_fit``: transition widths log d against L with error bars and
   the weighted fit with its one-sigma band (Fig. 3a).
 * ``plot_transition_size``: N_tr(L) with its ±ΔN band out to L = 100, with
   GPT-3's trained shapes and the sweep's measured transitions marked (Figs.
   3b and 4). The band is N_tr·e^(±ΔN/N_tr), eq. 9's ±ΔN taken in ln N, so it
   stays on a log axis where the first-order ΔN exceeds N_tr.
+* ``plot_threshold``: the empirical transition depth (ln d - a)/b against
+  the theory's threshold L_th = log₃ d (section 4).
 
 Every figure says whose data it shows: the user's runs are labelled "your
 runs" with the sweep's name, and the paper's fit and GPT-3's shapes are
 labelled as the paper's.
-* ``plot_threshold``: the empirical transition depth (ln d - a)/b against
-  the theory's threshold L_th = log₃ d (section 4).
 
 Figures are plain ``matplotlib.figure.Figure`` objects rendered by Agg, not
 pyplot figures: no global state, nothing to close, and the caller's
@@ -98,6 +100,38 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
     top.legend(fontsize=8)
     bottom.legend(fontsize=7, loc="upper left")
     return axes
+
+
+_STATUS_WORDS = {"found": "transition found", "above_range": "deeper never significantly better",
+                 "below_range": "deeper better from the smallest size", "no_overlap": "no common sizes"}
+
+
+def plot_pair_differences(transitions, ax=None, source: str = "your runs"):
+    """Every pair's loss difference loss_shallow - loss_deep (nats/token) against N, in one panel.
+
+    Bars are the two-sided interval at the test's level (diff ± critical·se),
+    so a point whose bar misses zero is significant; below zero the shallower
+    net is better. Pairs without comparable sizes are left out.
+    """
+    if ax is None:
+        ax = Figure(figsize=(5.6, 3.8)).subplots()
+    level = None
+    for index, transition in enumerate(t for t in transitions if t.comparison is not None):
+        comparison = transition.comparison
+        level = comparison.interval_level
+        # a small offset in N per pair keeps bars at shared sizes apart
+        shift = 1.0 + 0.02 * (index - 1)
+        ax.errorbar(comparison.params * shift, comparison.diff, yerr=comparison.critical * comparison.se,
+                    fmt="o-", ms=4, lw=1.2, capsize=3,
+                    label=f"L{transition.shallow_depth} − L{transition.deep_depth}: {_STATUS_WORDS[transition.status]}")
+    ax.axhline(0.0, color="0.4", lw=0.8)
+    _log_x(ax)
+    ax.set_xlabel("non-embedding parameters N = 12·L·d² (of the shallower net)")
+    ax.set_ylabel("loss difference (nats/token)")
+    bars = f"{level:.0%} intervals" if level is not None else "no comparable sizes"
+    ax.set_title(f"{source}: shallower minus deeper net, {bars}; below 0 the shallower is better", fontsize=9)
+    ax.legend(fontsize=8)
+    return ax
 
 
 def plot_width_fit(transitions, fit: LogWidthFit, ax=None, estimate: str = "crossing"):
@@ -220,6 +254,8 @@ def write_sweep_figures(runs, transitions, fit: LogWidthFit | None, out_dir, ref
     """
     label = f"your runs ({Path(str(source).rstrip('/')).name})"
     paths = save_figure(plot_loss_curves(runs, source=label).figure, out_dir, "loss_vs_size")
+    if transitions:
+        paths += save_figure(plot_pair_differences(transitions, source=label).figure, out_dir, "pair_differences")
     for transition in transitions:
         paths += save_figure(plot_depth_pair(runs, transition, source=label)[0].figure, out_dir,
                              f"pair_L{transition.shallow_depth}_L{transition.deep_depth}")

@@ -125,7 +125,8 @@ def test_plot_writes_png_and_pdf(capsys, sweep_csv, tmp_path):
     out_dir = tmp_path / "figures"
     data = run_json(capsys, "plot", str(sweep_csv), "--out", str(out_dir), "--json", "--bootstrap", "50")
     names = {Path(p).name for p in data["figures"]}
-    for stem in ("pair_L2_L4", "pair_L6_L8", "width_fit", "transition_size", "projection", "threshold"):
+    for stem in ("pair_L2_L4", "pair_L6_L8", "pair_differences", "width_fit", "transition_size", "projection",
+                 "threshold"):
         assert {f"{stem}.png", f"{stem}.pdf"} <= names
         assert (out_dir / f"{stem}.png").stat().st_size > 10_000
         assert (out_dir / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
