@@ -57,7 +57,8 @@ def launcher(*args):
     return [sys.executable, "-m", "sweeps.launch", *map(str, args)]
 
 
-def run_cli(*args, env=None, timeout=300):
+def run_cli(*args, env=None, timeout=900):
+    # Generous: a 4-run sweep takes about 1 minute alone, but over 5 minutes beside two training jobs on 2 cores.
     return subprocess.run(launcher(*args), cwd=REPO, env=env or subprocess_env(), capture_output=True, text=True,
                           timeout=timeout)
 
