@@ -121,7 +121,8 @@ def plot_pair_differences(transitions, ax=None, source: str = "your runs"):
         level = comparison.interval_level
         # a small offset in N per pair keeps bars at shared sizes apart
         shift = 1.0 + 0.02 * (index - 1)
-        ax.errorbar(comparison.params * shift, comparison.diff, yerr=comparison.critical * comparison.se,
+        low, high = comparison.interval()
+        ax.errorbar(comparison.params * shift, comparison.diff, yerr=(comparison.diff - low, high - comparison.diff),
                     fmt="o-", ms=4, lw=1.2, capsize=3,
                     label=f"L{transition.shallow_depth} − L{transition.deep_depth}: {_STATUS_WORDS[transition.status]}")
     ax.axhline(0.0, color="0.4", lw=0.8)
