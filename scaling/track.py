@@ -79,7 +79,9 @@ class Tracker:
             self._bar_args = dict(total=total_steps, desc=name or "train", unit="step", dynamic_ncols=True,
                                   file=sys.stderr, mininterval=1.0)
             self._start_step = start_step
-            self.bar = tqdm(initial=start_step, **self._bar_args)
+            # The bar shown while compiling is replaced by a fresh one at the first trained step, so the
+            # rate and ETA exclude compilation; tqdm's reset() would redraw it at step 0 first.
+            self.bar = tqdm(initial=start_step, leave=False, **self._bar_args)
             self.bar.set_postfix_str("compiling", refresh=True)
             self._bar_timed = False
 
@@ -123,9 +125,8 @@ class Tracker:
         if self.bar is None:
             return
         if not self._bar_timed:
-            self.bar.reset(total=self._bar_args["total"])
-            self.bar.initial = self.bar.n = self.bar.last_print_n = self._start_step
-            self.bar.set_postfix_str("", refresh=False)
+            self.bar.close()
+            self.bar = tqdm(initial=self._start_step, **self._bar_args)
             self._bar_timed = True
         self.bar.update(steps)
 

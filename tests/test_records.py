@@ -386,7 +386,7 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
 # What the user reads
 
 
-def test_the_progress_bar_clock_starts_after_compilation(tmp_path):
+def test_the_progress_bar_clock_starts_after_compilation(tmp_path, capsys):
     import time
 
     from scaling.track import Tracker
@@ -400,6 +400,9 @@ def test_the_progress_bar_clock_starts_after_compilation(tmp_path):
     assert tracker.bar.start_t > opened  # the ETA is measured from the first trained step
     assert tracker.bar.n == 41 and "compiling" not in (tracker.bar.postfix or "")
     tracker.close()
+    shown = capsys.readouterr().err
+    # a resumed run never shows a count below where it resumed, nor a negative rate
+    assert " 0/100" not in shown and "-" not in shown.replace("eta", "")
 
 
 def test_piped_output_closes_quietly(tmp_path):
