@@ -109,10 +109,14 @@ class Transition:
         return (self.crossing_width, self.crossing_width * max(sigma_log, 1e-6)) if sigma_log >= 0 else None
 
     def paper_text(self) -> str:
+        if self.paper_fraction is not None and self.paper_fraction < 0.5:
+            # a percentile interval over the few resamples that happen to find a transition describes
+            # those resamples, not the estimate, so none is quoted
+            return f"paper rule: {_percent(self.paper_fraction)} of resamples find a transition, too few for an interval"
         if not self.paper_ci:
             return "paper rule: no bootstrap interval"
         return (f"paper rule {self.confidence:.0%} interval {self.paper_ci[0]:.0f}–{self.paper_ci[1]:.0f} "
-                f"({self.paper_fraction:.0%} of resamples find it)")
+                f"({_percent(self.paper_fraction)} of resamples find it)")
 
     def crossing_text(self) -> str:
         if self.crossing_width is None:
@@ -120,7 +124,7 @@ class Transition:
         text = f"zero crossing at width {self.crossing_width:.0f}"
         if self.crossing_ci:
             text += (f" ({self.confidence:.0%} interval {self.crossing_ci[0]:.0f}–{self.crossing_ci[1]:.0f}, "
-                     f"{self.crossing_fraction:.0%} of resamples cross)")
+                     f"{_percent(self.crossing_fraction)} of resamples cross)")
         if (self.crossing_fraction or 0.0) < 0.5:
             text += "; too few resamples cross to use it in the fit"
         return text
@@ -241,6 +245,13 @@ def _resampled_means(rows: pd.DataFrame, noise: PairNoise, scale, rng) -> np.nda
     n = rows["n_seeds"].to_numpy(float)
     z = rng.standard_normal((scale.size, n.size))
     return rows["loss_mean"].to_numpy(float) + scale[:, None] * noise.std * z / np.sqrt(n)
+
+
+def _percent(fraction: float) -> str:
+    """A fraction as a percentage that does not round a few resamples down to 0% or up to 100%."""
+    if 0 < fraction < 0.01 or 0.99 < fraction < 1:
+        return f"{fraction:.1%}"
+    return f"{fraction:.0%}"
 
 
 def _interval(samples, confidence):

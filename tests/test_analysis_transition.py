@@ -166,3 +166,14 @@ def test_without_a_transition_depth_did_not_pay_off_over_the_whole_range():
     assert above.to_dict()["no_gain_params"] == [rows[0]["params"], rows[-1]["params"]]
     (below,), _ = find_transitions(pair_runs(2e8, offset=-8.0), n_bootstrap=0)
     assert below.to_dict()["no_gain_params"] is None
+
+
+def test_an_interval_is_quoted_only_when_most_resamples_find_the_transition():
+    from analysis.transition import Transition
+
+    def paper_text(fraction):
+        return Transition(3, 4, "below_range", "", paper_ci=(152.0, 152.0), paper_fraction=fraction).paper_text()
+
+    assert "interval 152–152" in paper_text(0.8) and "80% of resamples" in paper_text(0.8)
+    # 4 resamples in 1000: no interval, and not rounded down to 0%
+    assert "interval" not in paper_text(0.004).replace("for an interval", "") and "0.4%" in paper_text(0.004)
