@@ -35,6 +35,12 @@ from analysis.fit import LogWidthFit
 from analysis.points import aggregate_seeds
 from analysis.transition import Transition, transition_points
 
+# What each estimate of a transition is, in a legend: the zero crossing carries no significance test.
+ESTIMATE_LABELS = {
+    "crossing": "zero crossing of the mean loss difference (not a significance test)",
+    "paper": "transitions by the paper's significance rule",
+}
+
 
 def _log_x(ax):
     """Log x axis whose labels cannot overlap: decades, plus a few minor ticks only when it spans under one."""
@@ -197,7 +203,7 @@ def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth
         measured = 12.0 * depth * width ** 2
         relative = 2.0 * error / width  # ΔN/N = 2·Δd/d, drawn in ln N like the band
         ax.errorbar(depth, measured, yerr=(measured * (1 - np.exp(-relative)), measured * (np.exp(relative) - 1)),
-                    fmt="s", color="k", ms=4, capsize=2, label=f"your runs: measured transitions ({estimate})")
+                    fmt="s", color="k", ms=4, capsize=2, label=f"your runs: {ESTIMATE_LABELS[estimate]}")
         floor = min(floor, float(measured.min()) * np.exp(-relative.max()))
     ax.set_yscale("log")
     ax.set_ylim(bottom=floor / 3.0)
