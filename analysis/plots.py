@@ -109,7 +109,7 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
 
 
 _STATUS_WORDS = {"found": "transition found", "above_range": "deeper never significantly better",
-                 "below_range": "deeper better from the smallest size", "no_overlap": "no common sizes"}
+                 "below_range": "deeper better at the smallest size", "no_overlap": "no common sizes"}
 
 
 def plot_pair_differences(transitions, ax=None, source: str = "your runs"):
@@ -130,7 +130,8 @@ def plot_pair_differences(transitions, ax=None, source: str = "your runs"):
         low, high = comparison.interval()
         ax.errorbar(comparison.params * shift, comparison.diff, yerr=(comparison.diff - low, high - comparison.diff),
                     fmt="o-", ms=4, lw=1.2, capsize=3,
-                    label=f"L{transition.shallow_depth} − L{transition.deep_depth}: {_STATUS_WORDS[transition.status]}")
+                    label=f"L{transition.shallow_depth} − L{transition.deep_depth}: {_STATUS_WORDS[transition.status]}"
+                    + (", then shallower better" if transition.reversed_params is not None else ""))
     ax.axhline(0.0, color="0.4", lw=0.8)
     _log_x(ax)
     ax.set_xlabel("non-embedding parameters N = 12·L·d² (of the shallower net)")

@@ -64,8 +64,10 @@ class Transition:
     two comparable sizes). ``width``/``width_error`` are the paper rule's
     width and bracket, ``crossing_width`` the zero-crossing estimate; each
     has a bootstrap interval (``*_ci``) and the fraction of bootstrap
-    replicates that gave an estimate (``*_fraction``). Widths are the
-    shallower depth's, in channels; params in parameters.
+    replicates that gave an estimate (``*_fraction``). ``reversed_params`` is
+    the first size above the first deeper-better one where the shallower net
+    is significantly better again (the opposite of the predicted order), or
+    None. Widths are the shallower depth's, in channels; params in parameters.
     """
 
     shallow_depth: int
@@ -84,6 +86,7 @@ class Transition:
     crossing_ci: tuple | None = None
     crossing_fraction: float | None = None
     confidence: float = 0.95
+    reversed_params: float | None = None
 
     @property
     def found(self) -> bool:
@@ -149,7 +152,8 @@ class Transition:
         """
         out = {key: getattr(self, key) for key in (
             "shallow_depth", "deep_depth", "status", "message", "params_before", "params_after",
-            "width", "width_error", "paper_fraction", "crossing_width", "crossing_fraction", "confidence")}
+            "width", "width_error", "paper_fraction", "crossing_width", "crossing_fraction", "confidence",
+            "reversed_params")}
         rows = self.comparison.rows() if self.comparison is not None else []
         out["sizes"] = rows
         out["largest_gap"] = max(rows, key=lambda row: abs(row["diff"])) if rows else None
@@ -227,17 +231,25 @@ def _classify(shallow, deep, comparison: PairComparison | None) -> dict:
             f"{pair}: no transition in range: the shallower net is never significantly worse up to "
             f"N={n[-1]:.3g} (width {w[-1]:.0f}); the transition lies above or is not resolved")}
     k = int(worse[0])
+    # The predicted order is shallower-better, then deeper-better. A shallower net that is
+    # significantly better again above the first deeper-better size contradicts it; that is
+    # worth a warning (a depth-dependent learning rate is one cause), not a transition.
+    again = np.flatnonzero(comparison.better[k + 1:])
+    reversed_params = float(n[k + 1 + again[0]]) if again.size else None
+    reversal = "" if reversed_params is None else (
+        f"; but the shallower net is significantly better again at N={reversed_params:.3g} "
+        f"(width {w[k + 1 + again[0]]:.0f}), the opposite of the predicted order")
     if k == 0:
-        return {"status": "below_range", "message": (
+        return {"status": "below_range", "reversed_params": reversed_params, "message": (
             f"{pair}: no transition in range: the shallower net is already significantly worse at the "
-            f"smallest compared size N={n[0]:.3g} (width {w[0]:.0f}); the transition lies below")}
+            f"smallest compared size N={n[0]:.3g} (width {w[0]:.0f}); the transition lies below" + reversal)}
     before = "significantly better" if comparison.better[k - 1] else "indistinguishable"
     width, error = 0.5 * (w[k - 1] + w[k]), abs(w[k] - w[k - 1])
     return {"status": "found", "params_before": n[k - 1], "params_after": n[k], "width": width,
-            "width_error": error,
+            "width_error": error, "reversed_params": reversed_params,
             "message": (f"{pair}: shallower net {before} at N={n[k - 1]:.3g} (width {w[k - 1]:.0f}), "
                         f"significantly worse at N={n[k]:.3g} (width {w[k]:.0f}); "
-                        f"transition width {width:.0f} ± {error:.0f} (paper rule)")}
+                        f"transition width {width:.0f} ± {error:.0f} (paper rule)" + reversal)}
 
 
 def _resampled_means(rows: pd.DataFrame, noise: PairNoise, scale, rng) -> np.ndarray:

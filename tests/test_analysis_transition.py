@@ -177,3 +177,22 @@ def test_an_interval_is_quoted_only_when_most_resamples_find_the_transition():
     assert "interval 152–152" in paper_text(0.8) and "80% of resamples" in paper_text(0.8)
     # 4 resamples in 1000: no interval, and not rounded down to 0%
     assert "interval" not in paper_text(0.004).replace("for an interval", "") and "0.4%" in paper_text(0.004)
+
+
+def test_a_pair_in_the_opposite_order_is_flagged_not_called_a_transition():
+    # negative slope: the deeper net wins at small N and loses at large N
+    (reversed_pair,), _ = find_transitions(pair_runs(3e7, slope=-0.05, rng=0), n_bootstrap=0)
+    verdicts = [row["verdict"] for row in reversed_pair.to_dict()["sizes"]]
+    assert verdicts[0] == "deeper better" and verdicts[-1] == "shallower better"
+    assert reversed_pair.status == "below_range"
+    first_better_again = next(row["params"] for row in reversed_pair.to_dict()["sizes"]
+                              if row["verdict"] == "shallower better")
+    assert reversed_pair.to_dict()["reversed_params"] == first_better_again
+    assert "opposite of the predicted order" in reversed_pair.message
+    # the predicted order carries no such flag
+    (ordinary,), _ = find_transitions(pair_runs(3e7, rng=0), n_bootstrap=0)
+    assert ordinary.reversed_params is None and "opposite" not in ordinary.message
+    from analysis.plots import plot_pair_differences
+
+    labels = [t.get_text() for t in plot_pair_differences([reversed_pair]).get_legend().get_texts()]
+    assert labels == [f"L{SHALLOW} − L{DEEP}: deeper better at the smallest size, then shallower better"]
