@@ -451,8 +451,19 @@ def test_wall_seconds_add_up_over_resumed_segments(tmp_path, reference_run):
     reference_dir, first = reference_run
     shutil.copytree(reference_dir, tmp_path / "run")
     (tmp_path / "run" / "result.json").unlink()  # as if killed after the last checkpoint
+    # earlier segments that took 1000 s, so the sum cannot be mistaken for the last segment alone
+    last = max((tmp_path / "run" / "checkpoints").iterdir(), key=lambda path: int(path.name))
+    meta = json.loads((last / "meta" / "metadata").read_text())
+    checkpointed = meta["wall_seconds"] = 1000.0
+    (last / "meta" / "metadata").write_text(json.dumps(meta))
+    started = time.perf_counter()
     resumed = train.run(tiny(), tmp_path / "run", show_progress=False)
-    assert resumed.steps == first.steps and resumed.wall_seconds >= first.wall_seconds
+    segment = time.perf_counter() - started
+    # the time after the last checkpoint died with the kill; what was checkpointed is kept and
+    # the resumed segment is added (it is not compared with the uninterrupted run's total,
+    # which also counted the lost time)
+    assert resumed.steps == first.steps
+    assert checkpointed < resumed.wall_seconds <= checkpointed + segment
     assert metric_steps(tmp_path / "run") == metric_steps(reference_dir)  # the last step once, not twice
     assert resumed.final_train_loss == first.final_train_loss is not None
 
