@@ -37,7 +37,7 @@ from analysis.transition import Transition, transition_points
 
 # What each estimate of a transition is, in a legend: the zero crossing carries no significance test.
 ESTIMATE_LABELS = {
-    "crossing": "zero crossing of the mean loss difference (not a significance test)",
+    "crossing": "zero crossing of a line fitted to the loss difference (not a significance test)",
     "paper": "transitions by the paper's significance rule",
 }
 

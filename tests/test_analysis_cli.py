@@ -273,7 +273,7 @@ def test_figures_say_whose_data_they_show():
     from analysis.transition import find_transitions
 
     transitions, _ = find_transitions(planted_pair_runs(2, 4, 3e6, np.random.default_rng(0)), n_bootstrap=20)
-    for estimate, words in [("crossing", "zero crossing of the mean loss difference (not a significance test)"),
+    for estimate, words in [("crossing", "zero crossing of a line fitted to the loss difference (not a significance test)"),
                             ("paper", "the paper's significance rule")]:
         ax = plots.plot_transition_size(paper, transitions=transitions, estimate=estimate)
         assert any(words in t.get_text() for t in ax.get_legend().get_texts()), estimate

@@ -1,4 +1,4 @@
-"""CPU-scale depth-efficiency experiment: depths 2, 3, 4, 6 on a √2 ladder of sizes around each crossing.
+"""CPU-scale depth-efficiency experiment: depths 2, 3, 4, 6 at N ≈ 6e5, 1.2e6 and 2.4e6, three seeds each.
 
 This file holds what every stage of the experiment shares (``base_config``)
 and the main sweep (``sweep``). The stages run in this order:
@@ -51,7 +51,7 @@ def base_config(peak_lr: float = 2e-3) -> TrainConfig:
 # N = 12·L·d²: depth 2: 6.1e5, 1.20e6, 2.46e6; depth 3: 5.9e5, 1.12e6, 2.36e6;
 # depth 4: 6.0e5, 1.23e6, 2.41e6; depth 6: 4.6e5, 1.18e6, 2.65e6.
 WIDTHS = {2: (160, 224, 320), 3: (128, 176, 256), 4: (112, 160, 224), 6: (80, 128, 192)}
-# The best stage-0 rate of each depth (results/cpu_depth/README.md, "Learning rates").
+# The best stage-0 rate of each depth (results/cpu_depth/README.md, "Stage 0: learning rates").
 PEAK_LR = {2: 4e-3, 3: 2e-3, 4: 4e-3, 6: 4e-3}
 
 
