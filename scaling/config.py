@@ -72,6 +72,7 @@ def _tuplify(value):
 
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+POSITION_ENCODINGS = ("learned", "sinusoidal", "first_indicator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,12 @@ class ModelConfig:
     mask_rate: float = 0.15  # masked objective only: fraction of positions predicted
     norm: str = "pre"  # pre | post
     activation: str = "relu"  # relu | gelu
-    position: str = "learned"  # learned | sinusoidal
+    # learned | sinusoidal | first_indicator. ``first_indicator``: no position
+    # vector except a fixed 1 added to channel 0 at position 1 (the first bit after
+    # CLS), the encoding the authors of "Overcoming a Theoretical Limitation of
+    # Self-Attention" trained FIRST with; nothing about position is learned, so no
+    # position is left untrained when testing on longer strings.
+    position: str = "learned"
     attention_scale: str = "standard"  # standard | log_length
     use_bias: bool = False
     tie_embeddings: bool = False
@@ -133,7 +139,7 @@ class ModelConfig:
         _require(0.0 < self.mask_rate < 1.0, "mask_rate", "a fraction in (0, 1)", self.mask_rate)
         _choice("norm", self.norm, ("pre", "post"))
         _choice("activation", self.activation, ("relu", "gelu"))
-        _choice("position", self.position, ("learned", "sinusoidal"))
+        _choice("position", self.position, POSITION_ENCODINGS)
         _choice("attention_scale", self.attention_scale, ("standard", "log_length"))
         _require(0.0 <= self.dropout < 1.0, "dropout", "a probability in [0, 1)", self.dropout)
         _choice("param_dtype", self.param_dtype, ("float32", "bfloat16"))

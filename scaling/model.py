@@ -249,6 +249,18 @@ def sinusoidal_positions(length: int, width: int) -> jax.Array:
     return codes.at[:, 1::2].set(jnp.cos(position * frequency[: width // 2]))
 
 
+def first_indicator_positions(length: int, width: int) -> jax.Array:
+    """Fixed position codes [length, width] that only mark position 1: channel 0
+    is 1 there and every other entry is 0.
+
+    With CLS at position 0 this tells the model which token is the first bit
+    and nothing else, as in the FIRST training script that accompanies
+    "Overcoming a Theoretical Limitation of Self-Attention" (Chiang and Cholak,
+    2022; github.com/ndnlp/parity, first.py). CLS is told apart by its token.
+    """
+    return (jnp.arange(length) == 1)[:, None] * (jnp.arange(width) == 0)[None, :].astype(jnp.float32)
+
+
 class Unembedding(nn.Module):
     """The untied output projection's kernel, [width, padded vocabulary]; the loss applies it."""
 
@@ -310,8 +322,10 @@ class Transformer(nn.Module):
             table = self.param("position_embedding", _init(cfg, ("length", "embed"), torch_kind="embedding"),
                                (cfg.max_seq_len, cfg.width), _DTYPES[cfg.param_dtype])
             x = x + table[:length].astype(x.dtype)
-        else:
+        elif cfg.position == "sinusoidal":
             x = x + sinusoidal_positions(length, cfg.width).astype(x.dtype)
+        else:
+            x = x + first_indicator_positions(length, cfg.width).astype(x.dtype)
         x = constrain(nn.Dropout(cfg.dropout, deterministic=deterministic)(x), RESIDUAL)
 
         block = Block

@@ -25,12 +25,19 @@ the same for every run.
 
 Grid: FIRST at n = 10, 30, 100, 300 with 10 seeds per arm (5 at n = 300,
 for time); PARITY at n = 30, 100 with 5 seeds per arm. 90 runs.
+
+Second grid, FIRST as the paper's authors trained it (``first-authors-*``, their
+published script first.py): no learned position table but a fixed code marking
+position 1, a fresh random string at every step, one string per step for
+10,000 steps; FIRST at n = 10, 30, 100, 300, 10 seeds per arm, tested on the
+same 1,000 strings of length 1000. 80 runs.
 """
 
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeps.spec import Sweep, Variant
 
 TEST_LENGTH = 1000
+TEST_STRINGS = 1000
 TRAIN_STRINGS = 100
 EPOCHS = 200
 BATCH = 10
@@ -54,10 +61,22 @@ def base_config() -> TrainConfig:
                         synthetic_eval_max_length=TEST_LENGTH, synthetic_train_size=TRAIN_STRINGS),
         optim=OptimConfig(peak_lr=3e-4, warmup_steps=0, schedule="constant", weight_decay=0.0, beta1=0.9,
                           beta2=0.999, eps=1e-8, grad_clip=0.0),
-        steps=EPOCHS * TRAIN_STRINGS // BATCH, batch_size=BATCH, eval_every=0, eval_batches=1000 // BATCH,
+        steps=EPOCHS * TRAIN_STRINGS // BATCH, batch_size=BATCH, eval_every=0, eval_batches=TEST_STRINGS // BATCH,
         # One evaluation at length 1000 costs about as much as 1,000 training steps at n = 10: only the final one.
         eval_at_start=False, checkpoint_every=EPOCHS * TRAIN_STRINGS // BATCH, keep_checkpoints=1, log_every=50,
         wandb_mode="disabled")
+
+
+# FIRST as its authors trained it (the training script published with the paper,
+# first.py in github.com/ndnlp/parity): a fixed position code that only marks
+# position 1 (``model.position=first_indicator``), a fresh random string at every
+# step (no fixed training set), one string per step, 100 epochs of 100 steps.
+AUTHORS_LENGTHS = (10, 30, 100, 300)
+AUTHORS_SEEDS = tuple(range(10))
+AUTHORS_STEPS = 10_000
+AUTHORS_OVERRIDES = ("model.position=first_indicator", "data.synthetic_train_size=0", "batch_size=1",
+                     f"steps={AUTHORS_STEPS}", f"eval_batches={TEST_STRINGS}", f"checkpoint_every={AUTHORS_STEPS}",
+                     "log_every=100")
 
 
 def variants() -> tuple[Variant, ...]:
@@ -68,6 +87,11 @@ def variants() -> tuple[Variant, ...]:
                 out.append(Variant(tag=f"{task}-n{n}-{arm}", seeds=SEEDS_OVERRIDE.get((task, n), seeds), overrides=(
                     f"data.source={task}", f"data.synthetic_min_length={n}", f"data.synthetic_max_length={n}",
                     f"model.num_heads={heads}", f"model.attention_scale={arm}")))
+    for n in AUTHORS_LENGTHS:
+        for arm in ARMS:
+            out.append(Variant(tag=f"first-authors-n{n}-{arm}", seeds=AUTHORS_SEEDS, overrides=(
+                "data.source=first", f"data.synthetic_min_length={n}", f"data.synthetic_max_length={n}",
+                "model.num_heads=1", f"model.attention_scale={arm}", *AUTHORS_OVERRIDES)))
     return tuple(out)
 
 
