@@ -29,8 +29,9 @@ for time); PARITY at n = 30, 100 with 5 seeds per arm. 90 runs.
 Second grid, FIRST as the paper's authors trained it (``first-authors-*``, their
 published script first.py): no learned position table but a fixed code marking
 position 1, a fresh random string at every step, one string per step for
-10,000 steps; FIRST at n = 10, 30, 100, 300, 10 seeds per arm, tested on the
-same 1,000 strings of length 1000. 80 runs.
+10,000 steps; FIRST at n = 10, 30, 100, 300, 20 seeds per arm (as the paper's
+curves average 20 trials), tested on the same 1,000 strings of length 1000.
+160 runs.
 """
 
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
@@ -72,7 +73,7 @@ def base_config() -> TrainConfig:
 # position 1 (``model.position=first_indicator``), a fresh random string at every
 # step (no fixed training set), one string per step, 100 epochs of 100 steps.
 AUTHORS_LENGTHS = (10, 30, 100, 300)
-AUTHORS_SEEDS = tuple(range(10))
+AUTHORS_SEEDS = tuple(range(20))
 AUTHORS_STEPS = 10_000
 AUTHORS_OVERRIDES = ("model.position=first_indicator", "data.synthetic_train_size=0", "batch_size=1",
                      f"steps={AUTHORS_STEPS}", f"eval_batches={TEST_STRINGS}", f"checkpoint_every={AUTHORS_STEPS}",
