@@ -290,9 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     plot.set_defaults(run=cmd_plot)
 
     length = commands.add_parser(
-        "log-length", help="FIRST/PARITY length generalisation: accuracy and bits per (task, n, arm)",
+        "log-length", help="FIRST/PARITY length generalisation: accuracy and bits per (task, setup, n, arm)",
         description="Mean ± std over seeds of test accuracy and cross-entropy (bits) per task, training "
-                    "length and attention scaling, from the run records of sweeps/configs/log_length.py.")
+                    "setup (position encoding, fixed or fresh training strings), training length and "
+                    "attention scaling, and the two arms compared by Welch's t-test, from the run records "
+                    "of sweeps/configs/log_length.py.")
     length.add_argument("directory", help="sweep directory, e.g. results/log_length")
     length.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
     length.add_argument("--figure", metavar="PATH", help="also draw test accuracy vs training length (PNG/PDF)")

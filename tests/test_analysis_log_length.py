@@ -16,11 +16,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _write_run(root: Path, run_id: str, task: str, n: int, arm: str, seed: int, accuracy: float, bits: float,
-               status: str = "finished", train_loss: float = 0.01) -> None:
+               status: str = "finished", train_loss: float = 0.01, position: str = "learned",
+               train_strings: int = 100) -> None:
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
-    config = {"data": {"source": task, "synthetic_max_length": n, "synthetic_eval_max_length": 1000},
-              "model": {"attention_scale": arm}}
+    config = {"data": {"source": task, "synthetic_max_length": n, "synthetic_eval_max_length": 1000,
+                       "synthetic_train_size": train_strings},
+              "model": {"attention_scale": arm, "position": position}}
     (run_dir / "config.json").write_text(json.dumps(config))
     finished = status == "finished"
     records.write_record(run_dir, records.RunRecord(
@@ -85,6 +87,49 @@ def test_cli_prints_the_table_and_draws_the_figure(sweep_dir, tmp_path):
     as_json = subprocess.run([sys.executable, "-m", "analysis", "log-length", str(directory), "--format", "json"],
                              capture_output=True, text=True, cwd=REPO, timeout=120)
     assert len(json.loads(as_json.stdout)["cells"]) == 6
+
+
+def test_arm_difference_is_welchs_t_test(sweep_dir):
+    """The p-value of each (task, n) is Welch's: t from the two sample variances, degrees of freedom
+    from Welch-Satterthwaite, two-sided; computed here by hand from the seeds' accuracies."""
+    from scipy import stats
+
+    directory, values = sweep_dir
+    comparison = log_length.compare_arms(log_length.load(directory).runs)
+    assert len(comparison) == 3
+    for row in comparison.itertuples():
+        a = np.array(values[(row.task, row.train_length, "log_length")])[:, 0]
+        b = np.array(values[(row.task, row.train_length, "standard")])[:, 0]
+        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        t = (a.mean() - b.mean()) / np.sqrt(va + vb)
+        dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+        assert row.difference == pytest.approx(a.mean() - b.mean())
+        assert row.welch_p == pytest.approx(2 * stats.t.sf(abs(t), dof))
+
+
+def test_setups_are_tabled_and_compared_apart(tmp_path):
+    """Runs with the FIRST authors' setup (indicator positions, fresh strings) form their own table and
+    comparison rows, never pooled with learned-position runs of the same task, n and arm."""
+    for seed in range(4):
+        _write_run(tmp_path, f"l-std{seed}", "first", 10, "standard", seed, 0.5 + 0.01 * seed, 1.0)
+        _write_run(tmp_path, f"l-log{seed}", "first", 10, "log_length", seed, 0.5 + 0.02 * seed, 1.0)
+        _write_run(tmp_path, f"a-std{seed}", "first", 10, "standard", seed, 0.6 + 0.01 * seed, 1.0,
+                   position="first_indicator", train_strings=0)
+        _write_run(tmp_path, f"a-log{seed}", "first", 10, "log_length", seed, 1.0 - 0.001 * seed, 0.0,
+                   position="first_indicator", train_strings=0)
+    runs = log_length.load(tmp_path).runs
+    table = log_length.summary_table(runs)
+    assert list(table["position"]) == ["learned", "learned", "first_indicator", "first_indicator"]
+    assert set(table["seeds"]) == {4}
+    comparison = log_length.compare_arms(runs).set_index("position")
+    assert comparison.loc["first_indicator", "difference"] == pytest.approx(0.9985 - 0.615)
+    assert comparison.loc["first_indicator", "welch_p"] < 1e-4 < comparison.loc["learned", "welch_p"]
+    text = log_length.markdown(table, log_length.compare_arms(runs))
+    assert "learned positions, a fixed set of 100 strings:" in text
+    assert "first_indicator positions, a fresh string per example:" in text
+    assert text.index("learned positions") < text.index("first_indicator positions")
+    log_length.figure(runs, tmp_path / "figure.png")
+    assert (tmp_path / "figure.png").stat().st_size > 10_000
 
 
 def test_no_finished_runs_is_one_error_line(tmp_path):

@@ -441,6 +441,19 @@ def test_fixed_training_set_repeats_its_strings_each_epoch_in_a_new_order():
     assert sorted(map(tuple, fresh.train_batch(seed=1, step=1, batch_size=20)["inputs"].tolist())) != as_sets[0]
 
 
+def test_fresh_strings_draw_a_new_string_for_every_step_and_example():
+    """``synthetic_train_size=0``: every example of every step is its own draw from the seeded stream
+    (the FIRST authors' training: a new random string at every step), independent of batch size."""
+    config = DataConfig(source="first", seq_len=31, synthetic_min_length=30, synthetic_max_length=30,
+                        synthetic_eval_min_length=30, synthetic_eval_max_length=30, synthetic_train_size=0)
+    pipeline = data.build(config)
+    rows = [tuple(pipeline.train_batch(seed=3, step=step, batch_size=1)["inputs"][0]) for step in range(200)]
+    assert len(set(rows)) == 200  # 2**30 strings: a repeat among 200 would be a bug, not chance
+    ten = pipeline.train_batch(seed=3, step=0, batch_size=10)["inputs"]
+    assert [tuple(r) for r in ten] == rows[:10]  # example i is string i whatever the batch size
+    assert tuple(pipeline.train_batch(seed=4, step=0, batch_size=1)["inputs"][0]) != rows[0]
+
+
 def test_classification_needs_room_for_the_longest_string():
     with pytest.raises(ValueError, match="seq_len=32"):
         data.build(DataConfig(source="parity", seq_len=32, synthetic_eval_max_length=32))

@@ -277,6 +277,28 @@ def test_it_learns_a_fixed_batch():
     assert float(loss) < 0.1
 
 
+def test_first_indicator_positions_mark_position_one_only_and_learn_nothing():
+    """The FIRST authors' position code: a model that sees tokens and "is this position 1" only,
+    so the CLS output cannot depend on the order of the bits after the first one."""
+    config = ModelConfig(depth=2, width=16, num_heads=1, objective="masked", norm="post", use_bias=True,
+                         position="first_indicator", init_scheme="torch", max_seq_len=64)
+    params = init_params(config, jax.random.PRNGKey(0))
+    assert "position_embedding" not in params
+    tokens = jnp.concatenate([jnp.array([[2]]), 48 + jax.random.randint(jax.random.PRNGKey(1), (1, 40), 0, 2)], 1)
+    tokens = tokens.at[0, 1].set(49).at[0, 2].set(48)  # first bit 1, second bit 0
+    base = forward(config, params, tokens)[:, 0]
+    later = np.array(tokens[0, 2:])
+    shuffled = tokens.at[0, 2:].set(later[np.random.default_rng(0).permutation(len(later))])
+    np.testing.assert_allclose(forward(config, params, shuffled)[:, 0], base, atol=1e-5)
+    swapped = tokens.at[0, 1].set(48).at[0, 2].set(49)  # same multiset of bits, other bit at position 1
+    assert not np.allclose(forward(config, params, swapped)[:, 0], base, atol=1e-3)
+    # with learned positions, order after position 1 does matter (the test above can fail)
+    learned = dataclasses.replace(config, position="learned")
+    learned_params = init_params(learned, jax.random.PRNGKey(0))
+    assert not np.allclose(forward(learned, learned_params, shuffled)[:, 0],
+                           forward(learned, learned_params, tokens)[:, 0], atol=1e-3)
+
+
 @pytest.mark.parametrize("field,kwargs", [
     ("depth", {"depth": 0}),
     ("num_heads", {"width": 64, "num_heads": 3}),
