@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -148,11 +149,18 @@ def compare_arms(runs: pd.DataFrame) -> pd.DataFrame:
         standard, scaled = arms["standard"], arms["log_length"]
         p_value = float("nan")
         if min(len(standard), len(scaled)) >= 2 and (standard.std() > 0 or scaled.std() > 0):
-            p_value = float(stats.ttest_ind(scaled, standard, equal_var=False).pvalue)
+            with warnings.catch_warnings():  # an arm at 100% on every seed has zero variance: still valid
+                warnings.simplefilter("ignore", RuntimeWarning)
+                p_value = float(stats.ttest_ind(scaled, standard, equal_var=False).pvalue)
         rows.append(dict(zip(GROUP, key), standard_seeds=len(standard), log_length_seeds=len(scaled),
                          standard_mean=standard.mean(), log_length_mean=scaled.mean(),
                          difference=scaled.mean() - standard.mean(), welch_p=p_value))
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    order = (table["position"] != "learned", table["position"], table["train_strings"], table["task"],
+             table["train_length"])
+    return table.assign(_order=list(zip(*order))).sort_values("_order").drop(columns="_order").reset_index(drop=True)
 
 
 def _p(value: float) -> str:
