@@ -289,19 +289,31 @@ def test_variants_cross_the_grid_with_their_own_overrides_and_seeds():
 
 
 def test_log_length_sweep_expands_to_the_documented_grid():
+    """Two grids: learned positions on a fixed set of 100 strings (2,000 steps of 10), and FIRST as its
+    authors trained it (indicator positions, a fresh string at each of 10,000 steps of 1)."""
     runs = spec.load_sweep(REPO / "sweeps" / "configs" / "log_length.py").expand().runs
     cells = {}
     for run in runs:
         c = run.config
-        cells.setdefault((c.data.source, c.data.synthetic_max_length, c.model.attention_scale), []).append(run.seed)
+        key = (c.model.position, c.data.source, c.data.synthetic_max_length, c.model.attention_scale)
+        cells.setdefault(key, []).append(run.seed)
         assert c.data.synthetic_min_length == c.data.synthetic_max_length
         assert c.data.synthetic_eval_min_length == c.data.synthetic_eval_max_length == 1000
+        assert c.eval_batches * c.batch_size == 1000  # the same 1,000 test strings for every run
         assert c.model.heads == (1 if c.data.source == "first" else 2)
         shape = (c.model.depth, c.model.width, c.model.ff_width, c.model.norm, c.optim.peak_lr)
         assert shape == (2, 16, 64, "post", 3e-4)
-        assert c.steps * c.batch_size == 200 * c.data.synthetic_train_size == 200 * 100
-    assert len(cells) == 12
-    assert all(len(seeds) == (5 if task == "parity" or n == 300 else 10) for (task, n, _), seeds in cells.items())
+        if c.model.position == "learned":
+            assert c.steps * c.batch_size == 200 * c.data.synthetic_train_size == 200 * 100
+        else:
+            assert (c.model.position, c.data.source, c.data.synthetic_train_size) == ("first_indicator", "first", 0)
+            assert (c.steps, c.batch_size) == (10_000, 1)
+    learned = {key[1:]: seeds for key, seeds in cells.items() if key[0] == "learned"}
+    authors = {key[1:]: seeds for key, seeds in cells.items() if key[0] == "first_indicator"}
+    assert len(learned) == 12 and len(authors) == 8
+    assert all(len(seeds) == (5 if task == "parity" or n == 300 else 10) for (task, n, _), seeds in learned.items())
+    assert all(sorted(seeds) == list(range(20)) for seeds in authors.values())
+    assert len({run.run_id for run in runs}) == len(runs) == 90 + 160
 
 
 @pytest.mark.parametrize("sweep_file", ["smoke.py", "cpu_mini.py", "paper.py"])
