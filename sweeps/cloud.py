@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import json
 import re
 import shlex
@@ -204,6 +205,11 @@ def cmd_sky(sweep, args) -> int:
     """Build every share's task with SkyPilot; print them (``--dry-run``) or submit them as managed jobs."""
     accelerator, jobs = plan(sweep.name, args)
     runs, _ = sweep.expand()
+    if args.only:  # every job applies the same filter before sharing out; refuse one that keeps nothing
+        runs = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in args.only)]
+        if not runs:
+            raise CloudError(f"--only {' '.join(args.only)}: matches none of the sweep's run names "
+                             "(see `python -m sweeps.launch list`)")
     if args.shares > len(runs):
         raise CloudError(f"--shares {args.shares}: the sweep has only {len(runs)} runs")
     tasks = [build_task(job) for job in jobs]
