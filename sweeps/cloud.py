@@ -106,11 +106,14 @@ class Job:
         envs = self.envs
         base = ["python", "-m", "sweeps.launch", "run", envs["SWEEP"], "--workdir", envs["WORKDIR"]]
         extra = (["--set", f"data.cache_dir={envs['CACHE']}"] if envs["CACHE"] else []) + shlex.split(envs["ARGS"])
+        if envs["CHECK"] == "1":
+            base, extra = ["python", "-m", "sweeps.launch", "hosts", "--check"], []
         mode, share, shares = envs["MODE"], int(envs["SHARD"]), int(envs["SHARES"])
         if mode == "pod-wide":
             return [shlex.join(base + ["--pod-wide"] + extra)]
         if mode == "mesh":
-            return [shlex.join(base + ["--shard", f"{share}/{shares}", "--set", "mesh.data=-1"] + extra)]
+            mesh = [] if envs["CHECK"] == "1" else ["--set", "mesh.data=-1"]
+            return [shlex.join(base + ["--shard", f"{share}/{shares}"] + mesh + extra)]
         parts = accelerator.hosts if accelerator.kind == "tpu" else gpu_count(accelerator.name)
         prefix = "" if accelerator.kind == "tpu" else "CUDA_VISIBLE_DEVICES={part} "
         return [prefix.format(part=part) + shlex.join(base + ["--shard", f"{share * parts + part}/{shares * parts}"]
@@ -122,10 +125,9 @@ def gpu_count(name: str) -> int:
     return int(name.split(":")[1]) if ":" in name else 1
 
 
-def job_name(sweep_name: str, index: int, count: int, prefix: str | None = None) -> str:
-    """``paper-1-of-4``: lower case, letters, digits and dashes (SkyPilot names its clusters after jobs)."""
-    stem = re.sub(r"[^a-z0-9-]+", "-", (prefix or sweep_name).lower()).strip("-") or "sweep"
-    return f"{stem}-{index}-of-{count}"
+def job_stem(sweep_name: str, prefix: str | None = None) -> str:
+    """``paper`` of ``paper-1-of-4``: lower case, letters, digits and dashes (SkyPilot names clusters after jobs)."""
+    return re.sub(r"[^a-z0-9-]+", "-", (prefix or sweep_name).lower()).strip("-") or "sweep"
 
 
 def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
@@ -142,8 +144,9 @@ def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
     if args.gpu_mode != "per-gpu" and accelerator.kind != "gpu":
         raise CloudError("--gpu-mode is for GPU accelerators (e.g. H100:8)")
     mode = "pod-wide" if args.pod_wide else ("host-parallel" if accelerator.kind == "tpu" else args.gpu_mode)
-    resources = {"accelerators": accelerator.name, "use_spot": args.spot,
-                 "job_recovery": {"max_restarts_on_errors": args.max_restarts, "recover_on_exit_codes": [75]}}
+    recovery = ({"max_restarts_on_errors": 0, "recover_on_exit_codes": []} if args.check else
+                {"max_restarts_on_errors": args.max_restarts, "recover_on_exit_codes": [75]})
+    resources = {"accelerators": accelerator.name, "use_spot": args.spot, "job_recovery": recovery}
     if accelerator.runtime:
         resources["accelerator_args"] = {"runtime_version": accelerator.runtime}
     if args.infra:
@@ -157,11 +160,13 @@ def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
         raise CloudError(f"{args.sweep_file}: the sweep file must be inside the repository ({REPO}), whose "
                          "working tree SkyPilot copies to the hosts") from None
     jobs = []
-    for index in range(args.shares):
+    for index in range(1 if args.check else args.shares):  # the check: one slice like the others, share 0
         envs = {"SWEEP": sweep_file, "WORKDIR": args.workdir, "CACHE": args.cache_dir or "", "SHARD": str(index),
-                "SHARES": str(args.shares), "MODE": mode, "ARGS": shlex.join(sweep_args)}
-        jobs.append(Job(job_name(sweep_name, index, args.shares, args.name), index, args.shares,
-                        TASK_FILES[accelerator.kind], envs, resources))
+                "SHARES": str(args.shares), "MODE": mode, "ARGS": shlex.join(sweep_args),
+                "CHECK": "1" if args.check else "0"}
+        stem = job_stem(sweep_name, args.name)
+        name = f"{stem}-check" if args.check else f"{stem}-{index}-of-{args.shares}"
+        jobs.append(Job(name, index, args.shares, TASK_FILES[accelerator.kind], envs, resources))
     return accelerator, jobs
 
 
@@ -272,4 +277,8 @@ def add_parser(commands) -> None:
                      help="restarts of a job whose launcher exits with an error (default 2); preemptions and "
                           "exit 75 are always recovered")
     sub.add_argument("--name", help="job name prefix (default: the sweep's name)")
+    sub.add_argument("--check", action="store_true",
+                     help="first minutes on a new slice type: one job, <name>-check, that runs `sweeps.launch "
+                          "hosts --check` on every host (as its share 0 would train) instead of the sweep; read "
+                          "it with `sky jobs logs`")
 

@@ -57,7 +57,8 @@ def test_tpu_task_file_parses_with_skypilot():
     assert 'sweeps.launch run "$SWEEP" --workdir "$WORKDIR"' in task.run
     assert "SKYPILOT_NODE_RANK" in task.run and "SKYPILOT_NUM_NODES" in task.run
     assert task.envs == {"SWEEP": "sweeps/configs/paper.py", "WORKDIR": "gs://bucket/sweeps", "CACHE": "",
-                         "SHARD": "1", "SHARES": "4", "MODE": "host-parallel", "ARGS": "", "PYTHON_VERSION": "3.11"}
+                         "SHARD": "1", "SHARES": "4", "MODE": "host-parallel", "ARGS": "", "CHECK": "0",
+                         "PYTHON_VERSION": "3.11"}
 
 
 def test_gpu_task_file_parses_with_skypilot():
@@ -158,6 +159,23 @@ def test_tpu_run_script_starts_the_commands_the_dry_run_prints(tmp_path):
     assert status == 0 and calls[0][1][-1] == "--pod-wide" and "--shard" not in calls[0][1]
     status, _ = run_script(TPU_TASK, tmp_path, {**job.envs, "SHARES": "2"})
     assert status == 2  # pod-wide cannot share
+
+
+@pytest.mark.parametrize("accelerator_flag,env,expected", [
+    ("v5litepod-16", {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "4"}, [[None, "--shard", "1/8"]]),
+    ("H100:2", {"SKYPILOT_NUM_GPUS_PER_NODE": "2"}, [["0", "--shard", "0/4"], ["1", "--shard", "1/4"]]),
+])
+def test_check_runs_hosts_check_where_the_sweep_would_train(tmp_path, accelerator_flag, env, expected):
+    accelerator, (job,) = plan("--accelerator", accelerator_flag, "--shares", "2", "--check", "--set", "steps=1")
+    assert job.name == "smoke-check" and job.envs["CHECK"] == "1"
+    assert job.resources["job_recovery"] == {"max_restarts_on_errors": 0, "recover_on_exit_codes": []}
+    task_file = TPU_TASK if accelerator.kind == "tpu" else GPU_TASK
+    status, calls = run_script(task_file, tmp_path, job.envs, **env)
+    assert status == 0
+    assert sorted([gpu, *argv[4:]] for gpu, argv in calls) == expected
+    assert all(argv[:4] == ["-m", "sweeps.launch", "hosts", "--check"] for _, argv in calls)
+    if accelerator.kind == "gpu":
+        assert as_commands(calls) == job.launcher_commands(accelerator)
 
 
 def test_gpu_run_script_one_launcher_per_gpu_or_one_mesh(tmp_path):
