@@ -6,6 +6,7 @@
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
+    python -m sweeps.launch sky       SWEEP_FILE --workdir gs://... --accelerator TYPE [--shares N] [--spot] [--dry-run]
 
 Every command takes ``--set key=value`` (repeatable), applied to the sweep's
 base config before the grid is expanded, e.g. ``--set steps=100``, and
@@ -34,7 +35,8 @@ Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision)
   ``agent-worker-number`` of ``worker-network-endpoints`` on a Cloud TPU VM,
   ``TPU_WORKER_ID`` of ``TPU_WORKER_HOSTNAMES`` on GKE, ``SLURM_PROCID`` of
   ``SLURM_NTASKS``) and trains it on its own devices, without
-  ``jax.distributed``. ``tpu/launch`` also passes ``--shard I/N`` explicitly.
+  ``jax.distributed``. The SkyPilot task ``tpu/sweep.sky.yaml`` also passes
+  ``--shard I/N`` explicitly, from SkyPilot's host rank.
   On TPU the launcher first makes the host a one-host slice of its own 4
   chips by setting the libtpu topology variables before JAX starts (listed,
   with their sources, in ``sweeps/hosts.py``). Under SLURM with several tasks
@@ -58,7 +60,7 @@ import re
 import signal
 import sys
 
-from sweeps import hosts
+from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
 from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, fmt, foreign_note, read_state, read_states,
@@ -444,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--check", action="store_true",
                      help="also start JAX as `run` would and print device_count, process_count and the share; "
                           "exit 1 if they contradict the mode (run it on every worker before the sweep)")
+    cloud.add_parser(commands)
     return parser
 
 

@@ -108,6 +108,33 @@ def test_tpu_vm_worker_from_the_metadata_server(metadata_server):
     assert "mode: host-parallel, share 2/4" in text and "env: TPU_SKIP_MDS_QUERY=1" in text
 
 
+# What SkyPilot 0.14 adds to `run`'s environment on host 2 of a 4-host slice (sky/skylet/constants.py,
+# sky/backends/task_codegen.py, cloud_vm_ray_backend.py's _skypilot_predefined_env_vars; TPU_NAME from
+# its gcp-ray.yml.j2). The host is still a Cloud TPU VM, so the metadata server is there too.
+SKYPILOT_HOST_2 = {
+    "SKYPILOT_NODE_RANK": "2", "SKYPILOT_NUM_NODES": "4",
+    "SKYPILOT_NODE_IPS": "\n".join(f"10.130.0.{10 + i}" for i in range(4)),
+    "SKYPILOT_NUM_GPUS_PER_NODE": "0", "SKYPILOT_TASK_ID": "sky-managed-2026-01-01-00-00-00-000000_paper-0-of-1_1-0",
+    "SKYPILOT_INTERNAL_JOB_ID": "1", "SKYPILOT_USER": "me", "TPU_NAME": "sky-1234-me",
+    "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": "paper-0-of-1-1", "cloud": "GCP", "region": "us-west4",
+                                         "zone": "us-west4-a"}),
+}
+
+
+def test_skypilot_tpu_host_decides_as_a_gcloud_one(metadata_server):
+    address, _ = metadata_server
+    gcloud, skypilot = clean_env(GCE_METADATA_IP=address), clean_env(GCE_METADATA_IP=address, **SKYPILOT_HOST_2)
+    for flags in ([], ["--pod-wide"]):
+        assert json.loads(hosts_cli("--json", *flags, env=skypilot)) == json.loads(hosts_cli("--json", *flags,
+                                                                                             env=gcloud))
+    # tpu/sweep.sky.yaml passes --shard (SHARD·H + rank)/(SHARES·H): for one job (0 of 1) that is the
+    # metadata server's share, 2/4; for job 1 of 2 it is 6/8, with the same confinement to the host's chips.
+    plan = json.loads(hosts_cli("--shard", "2/4", "--json", env=skypilot))
+    assert plan == json.loads(hosts_cli("--json", env=gcloud))
+    plan = json.loads(hosts_cli("--shard", "6/8", "--json", env=skypilot))
+    assert (plan["mode"], plan["shard"], plan["env"]) == ("host-parallel", [6, 8], ISOLATION)
+
+
 def test_hosts_command_never_starts_a_jax_backend(metadata_server):
     # The TPU variables only take effect if they are set before JAX starts its backend.
     address, _ = metadata_server

@@ -483,7 +483,7 @@ def test_list_prints_one_row_per_run(tmp_path, capsys):
 
 
 def test_listing_never_starts_a_jax_backend(tmp_path):
-    # `tpu/status` runs `status` on a worker whose chips the training process holds.
+    # `status` may run on a TPU host whose chips a training process holds.
     paper = str(REPO / "sweeps" / "configs" / "paper.py")
     code = textwrap.dedent(f"""
         from sweeps import launch

@@ -4,8 +4,8 @@
     python -m sweeps.launch preflight sweeps/configs/paper.py --topology v5e:4x4
     python -m scaling.data cache --source hub --hub-name allenai/c4 --hub-config en --max-documents 3500000 \
         --validation-fraction 0.01 --tokenizer hf:gpt2 --cache-dir gs://BUCKET/tokens/c4-gpt2
-    tpu/launch sweeps/configs/paper.py --workdir gs://BUCKET/sweeps --name NAME --zone ZONE --project PROJECT \
-        -- --set data.cache_dir=gs://BUCKET/tokens/c4-gpt2
+    python -m sweeps.launch sky sweeps/configs/paper.py --workdir gs://BUCKET/sweeps --accelerator v5litepod-16 \
+        --spot --cache-dir gs://BUCKET/tokens/c4-gpt2
     python -m analysis fit gs://BUCKET/sweeps/paper
 
 Grid. Depths {6, 12, 18, 24, 30, 36, 48}, as in the paper; its transitions
