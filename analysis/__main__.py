@@ -111,28 +111,54 @@ def cmd_optimal(args) -> int:
 
 
 def cmd_table(args) -> int:
+    from analysis import paper_table
+
     fit = projection.resolve_fit(args.fit)
-    rows = projection.optimal_table(projection.resolve_budgets(args.preset), fit)
+    budgets = projection.resolve_budgets(args.preset)
+    rows = projection.optimal_table(budgets, fit)
+    # Table 1's printed values sit beside ours only where they were computed the same way: the paper's fit.
+    comparisons = [paper_table.compare(b, fit) if paper_table.applies(fit) else None for b in budgets]
+    for row, comparison in zip(rows, comparisons):
+        if comparison is not None:
+            row.update(comparison.to_dict())
     fmt = "json" if args.json else args.format
     if fmt == "json":
         _print_json({"preset": args.preset, "fit": fit.name, "a": fit.a, "b": fit.b,
                      "cov": [list(r) for r in fit.cov], "rows": rows})
     elif fmt == "csv":
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]) + ["fit", "a", "b"], lineterminator="\n")
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(out, fieldnames=fields + ["fit", "a", "b"], lineterminator="\n")
         writer.writeheader()
         for row in rows:
             writer.writerow({**row, "fit": fit.name, "a": fit.a, "b": fit.b})
         print(out.getvalue(), end="")
     else:
         print(f"Optimal depth and width per budget, preset {args.preset} ({_fit_banner(fit)}). "
-              f"Size N = 12·L·d² of the trained shape.\n")
-        print("| model | size N | trained L | trained d | optimal L | optimal d | L from N_tr·e^(±ΔN/N_tr) |")
-        print("|---|---|---|---|---|---|---|")
-        for row in rows:
-            print(f"| {row['name']} | {row['params']:.3g} | {_fmt(row['trained_depth'], 'd')} | "
-                  f"{_fmt(row['trained_width'], 'd')} | {row['optimal_depth']} | {row['optimal_width']:,.0f} | "
-                  f"{_fmt(row['depth_low'], '.1f')}–{_fmt(row['depth_high'], '.1f')} |")
+              f"Size N = 12·L·d² of the trained shape.")
+        compared = any(comparisons)
+        if compared:
+            print("Paper: Table 1 of Levine et al. 2020 as printed; the last column says how each printed value "
+                  "arises (which a, b and rounding).")
+        elif args.preset == "gpt3":
+            print("(Table 1's printed values are shown beside these with --fit levine2020 only.)")
+        print()
+        header = ["model", "size N", "trained L", "trained d", "optimal L", "optimal d", "L from N_tr·e^(±ΔN/N_tr)"]
+        if compared:
+            header[5:5] = ["paper L"]
+            header[7:7] = ["paper d"]
+            header.append("vs the paper")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row, comparison in zip(rows, comparisons):
+            cells = [row["name"], f"{row['params']:.3g}", _fmt(row["trained_depth"], "d"),
+                     _fmt(row["trained_width"], "d"), str(row["optimal_depth"]), f"{row['optimal_width']:,.0f}",
+                     f"{_fmt(row['depth_low'], '.1f')}–{_fmt(row['depth_high'], '.1f')}"]
+            if compared:
+                cells[5:5] = [_fmt(comparison and comparison.paper_depth, "d")]
+                cells[7:7] = [_fmt(comparison and comparison.paper_width, ",d")]
+                cells.append(comparison.note if comparison else "not in the paper's table")
+            print("| " + " | ".join(cells) + " |")
     return 0
 
 

@@ -59,6 +59,51 @@ def test_table_gpt3_subprocess():
         assert row["optimal_width"] == pytest.approx(width, rel=0.02)
 
 
+# Table 1 of the paper as printed (optimal depth, width), the data the table command must show beside its own.
+PRINTED_TABLE1 = {"GPT-3 Small": (23, 555), "GPT-3 Medium": (32, 886), "GPT-3 Large": (38, 1220),
+                  "GPT-3 XL": (42, 1550), "GPT-3 2.7B": (47, 2110), "GPT-3 6.7B": (54, 3150),
+                  "GPT-3 13B": (60, 4200), "GPT-3 175B": (80, 13500), "1T budget": (95, 30100)}
+
+
+def test_table_names_the_papers_values_and_why_each_row_differs():
+    result = run_cli("table", "--preset", "gpt3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| model"))
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert {"optimal L", "paper L", "optimal d", "paper d", "vs the paper"} <= set(columns)
+    data = json.loads(run_cli("table", "--preset", "gpt3", "--json").stdout)
+    rows = {row["name"]: row for row in data["rows"]}
+    shown = 0
+    for line in lines:
+        cells = dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|"))))
+        if cells.get("model") not in PRINTED_TABLE1:
+            continue
+        shown += 1
+        depth, width = PRINTED_TABLE1[cells["model"]]
+        assert (cells["paper L"], cells["paper d"]) == (str(depth), f"{width:,}")
+        ours = rows[cells["model"]]
+        assert cells["optimal L"] == str(ours["optimal_depth"])
+        note = cells["vs the paper"]
+        assert note == ours["paper_note"]
+        if ours["optimal_depth"] != depth:  # the depth differs: the note says from which root and a, b
+            assert note.startswith("L:") and f"{ours['optimal_depth_continuous']:.2f}" in note
+            assert "5.039" in note and "0.0555" in note
+        if float(f"{ours['optimal_width']:.2e}") != width and ours["optimal_depth"] == depth:
+            assert "d:" in note, note  # the width differs at the same depth: the note says how it was rounded
+        if "same;" in note:
+            assert ours["optimal_depth"] == depth and float(f"{ours['optimal_width']:.2e}") == width
+    assert shown == len(PRINTED_TABLE1)
+    assert any(rows[name]["paper_depth_difference"] != 0 for name in rows)  # the Large row, root 37.4
+
+
+def test_table_with_another_fit_shows_no_paper_columns(tmp_path):
+    fit = tmp_path / "mine.json"
+    fit.write_text(json.dumps({"a": 5.2, "b": 0.05, "cov": [[1e-3, 0], [0, 1e-6]]}))
+    result = run_cli("table", "--preset", "gpt3", "--fit", str(fit))
+    assert result.returncode == 0 and "paper L" not in result.stdout and "--fit levine2020" in result.stdout
+
+
 def test_transition_size_96_subprocess():
     result = run_cli("transition-size", "--depth", "96", "--json")
     assert result.returncode == 0, result.stderr
