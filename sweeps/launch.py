@@ -58,6 +58,7 @@ import re
 import signal
 import sys
 
+from scaling import cli
 from sweeps import hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
@@ -407,7 +408,7 @@ HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m sweeps.launch`` argument parser."""
-    parser = _Parser(prog="python -m sweeps.launch", description=__doc__,
+    parser = _Parser(prog=cli.prog("python -m sweeps.launch"), description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     common = _Parser(add_help=False)
     common.add_argument("sweep_file", metavar="SWEEP_FILE",
