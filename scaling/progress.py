@@ -52,7 +52,7 @@ class LineProgress:
     """The part of tqdm's interface the trainer and launcher use, written as plain lines.
 
     A line looks like ``L2-d64-s0: 120/300 steps (40%), 8.1 steps/s, about 22 s left, loss=2.31``.
-    The rate and time left count from the first ``update`` after creation.
+    The rate and time left count from creation (``start_t``, as tqdm names it).
     With ``leave=False`` (a bar shown only while compiling) it prints nothing.
     """
 
@@ -62,8 +62,8 @@ class LineProgress:
         self.n = self._start = initial
         self.leave, self.interval = leave, interval
         self.postfix = ""
-        self._started = time.monotonic()
-        self._printed_at, self._printed_n = self._started, initial
+        self.start_t = time.monotonic()
+        self._printed_at, self._printed_n = self.start_t, initial
         self._closed = False
 
     def update(self, n: int = 1) -> None:
@@ -84,7 +84,7 @@ class LineProgress:
         self._closed = True
 
     def _print(self, now: float) -> None:
-        elapsed = now - self._started
+        elapsed = now - self.start_t
         done = self.n - self._start
         parts = [f"{self.n}/{self.total} {self.unit}s" + (f" ({self.n / self.total:.0%})" if self.total else "")]
         if done > 0 and elapsed > 0:
