@@ -40,7 +40,7 @@ MARKER = re.compile(r"<!--\s*readme-test:\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```(\S*)\n(.*?)^```\n", flags=re.S | re.M)
 # Words that give away a block needing a cloud account or a GPU; such a block must carry a skip marker.
 LIBTPU_NOISE = ("E0000 ", "unexpected worker hostname", "Failed to find host bounds")
-CLOUD_WORDS = ("gcloud ", "gsutil ", "tpu/", "sbatch ", "$BUCKET", "jax[cuda")
+CLOUD_WORDS = ("gcloud ", "gsutil ", "tpu/", "sbatch ", "$BUCKET", "jax[cuda", "sky ")
 
 
 @dataclasses.dataclass
