@@ -7,6 +7,9 @@
     python -m analysis optimal --params 1.3B --fit my_fit.json
     python -m analysis plot runs/my_sweep --out figures/
     python -m analysis log-length results/log_length --figure accuracy.png
+    python -m analysis synthetic --out sweep.csv
+
+The same commands are installed as ``depth-width-analysis``.
 
 Sizes are non-embedding parameters N = 12·L·d²; widths are d_x in channels.
 Bad input prints one error line and exits with status 2.
@@ -19,6 +22,7 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +34,15 @@ from analysis.fit import save_fit
 
 # The sweep commands import pandas, scipy.stats and matplotlib only when they run,
 # so `optimal`, `table` and `transition-size` start quickly.
+
+
+def _prog() -> str:
+    """The command as the user typed it: a console script (depth-width-analysis) or ``python -m analysis``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return name if name.startswith("depth-width-") else "python -m analysis"
+
+
+PROG = _prog()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,8 +91,9 @@ def _fmt(value, spec, missing="–"):
 def cmd_optimal(args) -> int:
     fit = projection.resolve_fit(args.fit)
     shape = projection.optimal_shape(args.params, fit, head_size=args.head_size)
-    if shape.warning:
-        print(f"warning: {shape.warning}", file=sys.stderr)
+    for warning in (shape.warning, shape.budget_warning):
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         _print_json(shape.to_dict())
         return 0
@@ -97,28 +111,54 @@ def cmd_optimal(args) -> int:
 
 
 def cmd_table(args) -> int:
+    from analysis import paper_table
+
     fit = projection.resolve_fit(args.fit)
-    rows = projection.optimal_table(projection.resolve_budgets(args.preset), fit)
+    budgets = projection.resolve_budgets(args.preset)
+    rows = projection.optimal_table(budgets, fit)
+    # Table 1's printed values sit beside ours only where they were computed the same way: the paper's fit.
+    comparisons = [paper_table.compare(b, fit) if paper_table.applies(fit) else None for b in budgets]
+    for row, comparison in zip(rows, comparisons):
+        if comparison is not None:
+            row.update(comparison.to_dict())
     fmt = "json" if args.json else args.format
     if fmt == "json":
         _print_json({"preset": args.preset, "fit": fit.name, "a": fit.a, "b": fit.b,
                      "cov": [list(r) for r in fit.cov], "rows": rows})
     elif fmt == "csv":
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]) + ["fit", "a", "b"], lineterminator="\n")
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(out, fieldnames=fields + ["fit", "a", "b"], lineterminator="\n")
         writer.writeheader()
         for row in rows:
             writer.writerow({**row, "fit": fit.name, "a": fit.a, "b": fit.b})
         print(out.getvalue(), end="")
     else:
         print(f"Optimal depth and width per budget, preset {args.preset} ({_fit_banner(fit)}). "
-              f"Size N = 12·L·d² of the trained shape.\n")
-        print("| model | size N | trained L | trained d | optimal L | optimal d | L from N_tr·e^(±ΔN/N_tr) |")
-        print("|---|---|---|---|---|---|---|")
-        for row in rows:
-            print(f"| {row['name']} | {row['params']:.3g} | {_fmt(row['trained_depth'], 'd')} | "
-                  f"{_fmt(row['trained_width'], 'd')} | {row['optimal_depth']} | {row['optimal_width']:,.0f} | "
-                  f"{_fmt(row['depth_low'], '.1f')}–{_fmt(row['depth_high'], '.1f')} |")
+              f"Size N = 12·L·d² of the trained shape.")
+        compared = any(comparisons)
+        if compared:
+            print("Paper: Table 1 of Levine et al. 2020 as printed; the last column says how each printed value "
+                  "arises (which a, b and rounding).")
+        elif args.preset == "gpt3":
+            print("(Table 1's printed values are shown beside these with --fit levine2020 only.)")
+        print()
+        header = ["model", "size N", "trained L", "trained d", "optimal L", "optimal d", "L from N_tr·e^(±ΔN/N_tr)"]
+        if compared:
+            header[5:5] = ["paper L"]
+            header[7:7] = ["paper d"]
+            header.append("vs the paper")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row, comparison in zip(rows, comparisons):
+            cells = [row["name"], f"{row['params']:.3g}", _fmt(row["trained_depth"], "d"),
+                     _fmt(row["trained_width"], "d"), str(row["optimal_depth"]), f"{row['optimal_width']:,.0f}",
+                     f"{_fmt(row['depth_low'], '.1f')}–{_fmt(row['depth_high'], '.1f')}"]
+            if compared:
+                cells[5:5] = [_fmt(comparison and comparison.paper_depth, "d")]
+                cells[7:7] = [_fmt(comparison and comparison.paper_width, ",d")]
+                cells.append(comparison.note if comparison else "not in the paper's table")
+            print("| " + " | ".join(cells) + " |")
     return 0
 
 
@@ -182,7 +222,10 @@ def cmd_fit(args) -> int:
             if args.save:
                 print(f"saved the {args.estimate} fit to {args.save} (use it with --fit {args.save})")
     if fit is None and args.save:
-        print(f"nothing saved to {args.save}: no {args.estimate} fit", file=sys.stderr)
+        # Non-zero, so that a script chaining `fit --save` into `optimal --fit` stops here, not one step later.
+        why = result.fit_messages.get(args.estimate) or result.message or "no transitions to fit"
+        print(f"{PROG} fit: nothing saved to {args.save}: no {args.estimate} fit ({why})", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -216,6 +259,39 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_synthetic(args) -> int:
+    from analysis.synthetic import synthetic_runs
+
+    fit = projection.resolve_fit(args.fit)
+    if len(set(args.depths)) < 2:
+        raise AnalysisInputError(f"--depths: need 2 or more distinct depths for a transition, got {args.depths}")
+    runs = synthetic_runs(depths=args.depths, a=fit.a, b=fit.b, seeds=args.seeds, noise=args.noise, rng=args.seed)
+    runs.to_csv(args.out, index=False)
+    print(f"wrote {len(runs)} runs to {args.out}: depths {sorted(set(args.depths))}, {args.seeds} seeds, seed noise "
+          f"{args.noise:g} nats, transitions planted at a = {fit.a:.4g}, b = {fit.b:.4g} ({fit.name})")
+    return 0
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    return value
+
+
+def _noise_arg(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as nats per token") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"seed noise must be 0 or more nats per token, got {text!r}")
+    return value
+
+
 def cmd_log_length(args) -> int:
     from analysis import log_length
 
@@ -228,7 +304,7 @@ def cmd_log_length(args) -> int:
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` argument parser."""
-    parser = _Parser(prog="python -m analysis", description=__doc__,
+    parser = _Parser(prog=PROG, description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -288,6 +364,21 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--fit", default="levine2020", help="fit drawn when the sweep gives none of its own")
     plot.add_argument("--preset", default="gpt3", help="budgets marked on the projection figure ('' for none)")
     plot.set_defaults(run=cmd_plot)
+
+    synthetic = commands.add_parser(
+        "synthetic", help="write a synthetic sweep (CSV) whose transitions are planted at a fit's a and b",
+        description="Losses of every (depth, width, seed) from a shared power law plus a depth term that makes "
+                    "adjacent depths cross exactly at N_tr(L) of the fit, with Gaussian seed noise "
+                    "(analysis/synthetic.py). `fit` on the CSV should give back about the planted a and b.")
+    synthetic.add_argument("--out", required=True, metavar="PATH", help="CSV file to write")
+    synthetic.add_argument("--fit", default="levine2020", help="fit whose a and b are planted (" + fit_help + ")")
+    synthetic.add_argument("--depths", type=_positive_int, nargs="+", default=[6, 12, 18, 24, 30, 36],
+                           help="depths L in layers (default: the paper's 6 12 18 24 30 36)")
+    synthetic.add_argument("--seeds", type=_positive_int, default=3, help="seeds per shape (3)")
+    synthetic.add_argument("--noise", type=_noise_arg, default=0.004,
+                           help="seed standard deviation in nats per token (0.004)")
+    synthetic.add_argument("--seed", type=int, default=0, help="random seed of the noise (0)")
+    synthetic.set_defaults(run=cmd_synthetic)
 
     length = commands.add_parser(
         "log-length", help="FIRST/PARITY length generalisation: accuracy and bits per (task, setup, n, arm)",

@@ -20,7 +20,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import curve_fit
 
 from analysis.errors import AnalysisInputError
 
@@ -129,6 +128,10 @@ def fit_log_width(depths, widths, width_errors, name: str = "fit", estimate: str
         raise AnalysisInputError("transition widths must be positive and finite")
     if not (np.all(np.isfinite(errors)) and np.all(errors > 0)):
         raise AnalysisInputError("width errors must be positive and finite (they set the fit weights)")
+    # Imported here: scipy.optimize alone takes about half a second, and the query commands
+    # (`optimal`, `table`, `transition-size`) load this module without ever fitting.
+    from scipy.optimize import curve_fit
+
     log_width = np.log(widths)
     sigma = errors / widths
     (a, b), cov = curve_fit(_line, depths, log_width, p0=(log_width.mean(), 0.0), sigma=sigma,

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import LogFormatterSciNotation, LogLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+from matplotlib.transforms import offset_copy
 
 from analysis import projection, theory
 from analysis.fit import LogWidthFit
@@ -42,12 +43,39 @@ ESTIMATE_LABELS = {
 }
 
 
+def compact_number(value: float, _position=None) -> str:
+    """A short tick label: 300, 2k, 600k, 1.5M, 3B (so neighbouring labels do not run into each other)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
 def _log_x(ax):
-    """Log x axis whose labels cannot overlap: decades, plus a few minor ticks only when it spans under one."""
+    """Log x axis with short labels: decades, plus 2-4 labels per decade when the axis spans few decades.
+
+    Call it after plotting, so that the data limits are known.
+    """
     ax.set_xscale("log")
+    low, high = ax.get_xlim()
+    decades = np.log10(high / low)
     ax.xaxis.set_major_locator(LogLocator(base=10.0, numticks=8))
-    # Label a subset of minor ticks below one decade, never all of them (the crowded default).
-    ax.xaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(1.0, 0.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(compact_number))
+    if decades <= 1.2:
+        subs, formatter = (2.0, 3.0, 4.0, 6.0), FuncFormatter(compact_number)
+    elif decades <= 2.5:
+        subs, formatter = (2.0, 5.0), FuncFormatter(compact_number)
+    else:
+        subs, formatter = tuple(range(2, 10)), NullFormatter()
+    ax.xaxis.set_minor_locator(LogLocator(base=10.0, subs=subs, numticks=12))
+    ax.xaxis.set_minor_formatter(formatter)
+
+
+def _legend_below(ax, **options):
+    """The legend under the axes and their x label (a fixed 38 points down), where it cannot cover data."""
+    below = offset_copy(ax.transAxes, fig=ax.figure, y=-38, units="points")
+    return ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.0), bbox_transform=below, borderaxespad=0.0,
+                     frameon=False, **options)
 
 
 def _fit_label(fit: LogWidthFit) -> str:
@@ -101,10 +129,10 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
     bottom.set_xlabel("non-embedding parameters N = 12·L·d²")
     top.set_ylabel("eval loss (nats/token)")
     bottom.set_ylabel("loss difference")
-    top.set_title(f"{source}: L = {transition.shallow_depth} vs L = {transition.deep_depth} "
-                  f"(paper rule: {transition.status})", fontsize=9)
+    top.set_title(f"{source}: L = {transition.shallow_depth} vs L = {transition.deep_depth}\n"
+                  f"paper's rule: {_STATUS_WORDS[transition.status]}", fontsize=9)
     top.legend(fontsize=8)
-    bottom.legend(fontsize=7, loc="upper left")
+    _legend_below(bottom, fontsize=7, ncol=2)
     return axes
 
 
@@ -137,8 +165,8 @@ def plot_pair_differences(transitions, ax=None, source: str = "your runs"):
     ax.set_xlabel("non-embedding parameters N = 12·L·d² (of the shallower net)")
     ax.set_ylabel("loss difference (nats/token)")
     bars = f"{level:.0%} intervals" if level is not None else "no comparable sizes"
-    ax.set_title(f"{source}: shallower minus deeper net, {bars}; below 0 the shallower is better", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"{source}: shallower minus deeper net, {bars}\nbelow 0 the shallower net is better", fontsize=9)
+    _legend_below(ax, fontsize=8)
     return ax
 
 
@@ -167,13 +195,16 @@ def plot_width_fit(transitions, fit: LogWidthFit, ax=None, estimate: str = "cros
 
 def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth: float = 100.0,
                          reference: LogWidthFit | None = None, ax=None, estimate: str = "crossing",
-                         title: str | None = None):
+                         title: str | None = None, shapes=None):
     """N_tr(L) (parameters) with the ±ΔN band up to ``max_depth`` layers.
 
     ``budgets`` with a trained shape (the paper's GPT-3 shapes) are marked
     at (trained depth, N) and their optimal shape under ``fit`` drawn as an
     open marker; ``transitions`` (the user's, ``estimate``) are marked at
-    (L, 12·L·d²); ``reference`` (another fit) is drawn dashed. The band is
+    (L, 12·L·d²), each named by its depth pair; ``shapes`` (a table with
+    depth and params columns: the user's trained shapes) are drawn as dots,
+    so a sweep without transitions still shows where its runs lie;
+    ``reference`` (another fit) is drawn dashed. The band is
     N_tr·e^(±ΔN/N_tr), which stays positive on the log axis.
     """
     if ax is None:
@@ -198,21 +229,30 @@ def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth
         if budget.trained_depth:
             ax.annotate("", xy=(shape.depth, budget.params), xytext=(budget.trained_depth, budget.params),
                         arrowprops={"arrowstyle": "->", "color": "0.5", "lw": 0.8})
-    depth, width, error = transition_points(list(transitions), estimate)
     floor = low.min()
+    if shapes is not None and len(shapes):
+        ax.scatter(shapes["depth"], shapes["params"], s=12, color="0.45", zorder=2,
+                   label="your runs' shapes (L, N): above the curve too shallow, below too deep")
+        floor = min(floor, float(np.min(shapes["params"])))
+    located = [t for t in transitions if t.estimate(estimate) is not None]
+    depth, width, error = transition_points(located, estimate)
     if depth.size:
         measured = 12.0 * depth * width ** 2
         relative = 2.0 * error / width  # ΔN/N = 2·Δd/d, drawn in ln N like the band
         ax.errorbar(depth, measured, yerr=(measured * (1 - np.exp(-relative)), measured * (np.exp(relative) - 1)),
                     fmt="s", color="k", ms=4, capsize=2, label=f"your runs: {ESTIMATE_LABELS[estimate]}")
+        for transition, x, y in zip(located, depth, measured):
+            ax.annotate(f"L{transition.shallow_depth}–L{transition.deep_depth}", (x, y), xytext=(6, -10),
+                        textcoords="offset points", fontsize=7)
         floor = min(floor, float(measured.min()) * np.exp(-relative.max()))
     ax.set_yscale("log")
     ax.set_ylim(bottom=floor / 3.0)
     ax.set_xlim(0, max_depth)
     ax.set_xlabel("depth L")
     ax.set_ylabel("non-embedding parameters N")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are whole layers
     ax.set_title(title or "above the curve: too shallow; below: too deep", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    _legend_below(ax, fontsize=7)
     return ax
 
 
@@ -230,7 +270,7 @@ def plot_threshold(fit: LogWidthFit, widths=None, ax=None):
     ax.set_title("depth at which width d stops sufficing", fontsize=9)
     ax.set_xlabel("width d")
     ax.set_ylabel("depth L")
-    ax.legend(fontsize=8)
+    _legend_below(ax, fontsize=8)
     return ax
 
 
@@ -246,7 +286,9 @@ def plot_loss_curves(runs, ax=None, source: str = "your runs"):
     _log_x(ax)
     ax.set_xlabel("non-embedding parameters N = 12·L·d²")
     ax.set_ylabel("eval loss (nats/token)")
-    ax.set_title(f"{source}: loss against size, by depth (mean ± std over seeds)", fontsize=9)
+    seeds = int(points["n_seeds"].max()) if len(points) else 0
+    spread = "mean ± std over seeds" if seeds > 1 else "one seed per point, so no error bars"
+    ax.set_title(f"{source}: loss against size, by depth ({spread})", fontsize=9)
     ax.legend(fontsize=8)
     return ax
 
@@ -270,10 +312,11 @@ def write_sweep_figures(runs, transitions, fit: LogWidthFit | None, out_dir, ref
     if fit is not None:
         paths += save_figure(plot_width_fit(transitions, fit, estimate=estimate).figure, out_dir, "width_fit")
     shown = fit or reference
-    whose = "fit to your runs" if fit is not None else "the paper's fit (your runs gave none)"
-    deepest = max(t.deep_depth for t in transitions) if transitions else 50
+    whose = "fit to your runs" if fit is not None else "the paper's fit (your runs gave no fit of their own)"
+    shapes = aggregate_seeds(runs)[["depth", "params"]]
+    deepest = max([int(shapes["depth"].max())] + [t.deep_depth for t in transitions])
     paths += save_figure(plot_transition_size(
-        shown, transitions=transitions, max_depth=1.25 * deepest, estimate=estimate,
+        shown, transitions=transitions, max_depth=max(1.25 * deepest, 4.0), estimate=estimate, shapes=shapes,
         title=f"N_tr(L) over your depths, {whose}").figure, out_dir, "transition_size")
     paths += save_figure(plot_transition_size(
         shown, budgets=budgets, transitions=transitions, reference=reference, estimate=estimate,

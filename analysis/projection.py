@@ -23,7 +23,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import brentq
 
 from analysis.fit import LogWidthFit, load_fit
 from analysis.errors import AnalysisInputError
@@ -79,7 +78,8 @@ _SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 def parse_params(text: str) -> float:
     """Parse a parameter count: ``175e9``, ``1.3B``, ``800M``, ``2T``, ``50k`` -> parameters."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
+    # The sign is read too, so that "-5" is told it must be positive rather than that it is unreadable.
+    match = re.fullmatch(r"\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
     if not match:
         raise AnalysisInputError(f"cannot read {text!r} as a parameter count (try 175e9, 1.3B or 800M)")
     value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
@@ -130,8 +130,23 @@ def _root_in_depth(gap, max_depth: float = 1e4) -> float:
     change = np.flatnonzero((values[:-1] < 0) & (values[1:] >= 0))
     if change.size == 0:
         return math.nan
-    i = int(change[0])
-    return float(brentq(gap, grid[i], grid[i + 1], xtol=1e-10))
+    return _bisect(gap, float(grid[change[0]]), float(grid[change[0] + 1]))
+
+
+def _bisect(gap, low: float, high: float, tolerance: float = 1e-10) -> float:
+    """The root of ``gap`` in [low, high], where gap(low) < 0 <= gap(high), to ``tolerance`` layers.
+
+    Plain bisection rather than scipy's brentq: importing scipy.optimize takes
+    about half a second, longer than a whole `optimal` query should, and ~35
+    halvings of a half-layer bracket cost microseconds.
+    """
+    while high - low > tolerance:
+        middle = 0.5 * (low + high)
+        if gap(middle) < 0:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
 
 
 def _nearest_depth(centre: float, params: float, fit: LogWidthFit) -> int:
@@ -156,8 +171,10 @@ class OptimalShape:
     channels. ``depth_low`` and ``depth_high`` solve N_tr·e^(±ΔN/N_tr) = N.
     ``n_transition`` and ``delta_n`` are N_tr and ΔN at the integer depth.
     ``warning`` says when the depth lies outside the depths the fit was made
-    from (an extrapolation), else None.
-    """
+    from (an extrapolation), else None. ``budget_warning`` says when the
+    rounded shape, depth × ``width_rounded``, holds more than 10% more or less
+    than the budget (small budgets, where the width rounds to one head), else None.
+"""
 
     params: float
     depth: int
@@ -173,6 +190,7 @@ class OptimalShape:
     width_rounded: int = 0
     head_size: int = 0
     warning: str | None = None
+    budget_warning: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict (nan becomes None)."""
@@ -213,14 +231,36 @@ def optimal_shape(params: float, fit: LogWidthFit, head_size: int = 64) -> Optim
         return lambda d: np.log(transition_band(d, fit)[edge]) - log_n
 
     width = math.sqrt(params / (12.0 * depth))
+    width_rounded = int(max(1, round(width / head_size)) * head_size)
     return OptimalShape(
         params=float(params), depth=depth, depth_continuous=centre, width=float(width),
         depth_low=_root_in_depth(band(1)), depth_high=_root_in_depth(band(0)),
         n_transition=float(transition_params(depth, fit)),
         delta_n=float(transition_params_error(depth, fit)),
         fit=fit.name, a=fit.a, b=fit.b,
-        width_rounded=int(max(1, round(width / head_size)) * head_size), head_size=head_size,
-        warning=extrapolation_warning(centre, fit))
+        width_rounded=width_rounded, head_size=head_size,
+        warning=extrapolation_warning(centre, fit),
+        budget_warning=rounding_warning(params, depth, width_rounded, head_size))
+
+
+# How far the rounded shape's 12·L·d² may stray from the budget before it is called out.
+BUDGET_TOLERANCE = 0.10
+
+
+def rounding_warning(params: float, depth: int, width_rounded: int, head_size: int) -> str | None:
+    """A one-line warning when depth × width_rounded holds a size more than 10% off ``params``; else None.
+
+    Rounding to whole heads moves the size by about 2·(head_size/2)/width, so
+    this fires only for small budgets: 1e3 parameters round up to one head of
+    64 channels, a shape 49 times the budget.
+    """
+    size = 12.0 * depth * width_rounded ** 2
+    ratio = size / params
+    if abs(ratio - 1.0) <= BUDGET_TOLERANCE:
+        return None
+    how = f"{ratio:.3g} times" if ratio > 1 else f"{ratio:.0%} of"
+    return (f"rounded to the head size {head_size}, the width {width_rounded} gives 12·{depth}·{width_rounded}² = "
+            f"{size:.3g} parameters, {how} the budget {params:.3g}; a smaller --head-size rounds finer")
 
 
 def resolve_budgets(preset: str):

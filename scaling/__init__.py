@@ -1,0 +1,7 @@
+"""Build and train one model: configs, parameter budgets, the Flax transformer, data, the trainer."""
+
+from scaling.platforms import skip_absent_tpu
+
+# Every entry point (trainer, launcher, data tools) imports this package before JAX starts its
+# backend, so a CPU machine with libtpu installed never probes for a TPU (scaling/platforms.py).
+skip_absent_tpu()

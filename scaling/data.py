@@ -80,7 +80,7 @@ import threading
 
 import numpy as np
 
-from scaling import token_cache
+from scaling import cli, token_cache
 from scaling.config import DataConfig
 from scaling.token_cache import SPECIAL_TOKENS
 from scaling.tokenizer import ByteTokenizer
@@ -415,7 +415,7 @@ def _parser() -> argparse.ArgumentParser:
                             "read it instead of the source")
 
     parser = argparse.ArgumentParser(
-        prog="python -m scaling.data",
+        prog=cli.prog("python -m scaling.data"),
         description="Build a token cache once (`cache`), or inspect the data pipeline: corpus statistics, "
                     "or the hash of one training batch (to check that two machines, a restarted run or a "
                     "run reading a cache see the same data).")

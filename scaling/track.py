@@ -17,7 +17,8 @@ import sys
 import time
 
 from etils import epath
-from tqdm.auto import tqdm
+
+from scaling import progress
 
 
 def wandb_mode(requested: str) -> str:
@@ -39,7 +40,10 @@ def new_wandb_id() -> str:
 
 
 class Tracker:
-    """Writes metrics to JSONL (always), wandb (process 0, unless disabled) and a tqdm bar.
+    """Writes metrics to JSONL (always), wandb (process 0, unless disabled) and a progress display.
+
+    The display is a tqdm bar on a terminal and plain periodic lines otherwise
+    (``scaling.progress``).
 
     ``metrics.jsonl`` holds exactly one row per step: metrics logged at the
     same step (training loss, then an evaluation) are merged into one row,
@@ -81,7 +85,7 @@ class Tracker:
             self._start_step = start_step
             # The bar shown while compiling is replaced by a fresh one at the first trained step, so the
             # rate and ETA exclude compilation; tqdm's reset() would redraw it at step 0 first.
-            self.bar = tqdm(initial=start_step, leave=False, **self._bar_args)
+            self.bar = progress.bar(initial=start_step, leave=False, **self._bar_args)
             self.bar.set_postfix_str("compiling", refresh=True)
             self._bar_timed = False
 
@@ -126,7 +130,7 @@ class Tracker:
             return
         if not self._bar_timed:
             self.bar.close()
-            self.bar = tqdm(initial=self._start_step, **self._bar_args)
+            self.bar = progress.bar(initial=self._start_step, **self._bar_args)
             self._bar_timed = True
         self.bar.update(steps)
 

@@ -45,7 +45,7 @@ import numpy as np
 import optax
 from etils import epath
 
-from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, records, rundir
+from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, records, rundir
 from scaling.checkpoints import Checkpoints
 from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa: F401 - used by the CLIs
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
@@ -451,7 +451,7 @@ def load_config(preset_or_file: str) -> TrainConfig:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m scaling.train",
+        prog=cli.prog("python -m scaling.train"),
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
                     "latest checkpoint, or does nothing if the run already finished.",
         epilog="Example: python -m scaling.train --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")

@@ -60,6 +60,7 @@ import re
 import signal
 import sys
 
+from scaling import cli
 from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
@@ -224,7 +225,7 @@ def cmd_run(sweep: Sweep, args) -> int:
     from etils import epath
     from tqdm.auto import tqdm
 
-    from scaling import lease, records, rundir
+    from scaling import lease, progress, records, rundir
 
     main_process = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
@@ -251,8 +252,10 @@ def cmd_run(sweep: Sweep, args) -> int:
 
     stop = {"requested": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
-    bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="run", disable=not main_process,
-               dynamic_ncols=True, file=sys.stderr)
+    show_progress = main_process and not args.no_progress
+    # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
+    bar = progress.bar(total=len(todo), desc=f"sweep {sweep.name}", unit="run", interval=0, dynamic_ncols=True,
+                       file=sys.stderr, shown=show_progress)
     busy, not_trained = [], []  # not_trained: failed before the trainer could write a record
     try:
         for state in todo:
@@ -263,7 +266,7 @@ def cmd_run(sweep: Sweep, args) -> int:
                 bar.update(1)
                 continue
             try:
-                result = train.run(run.config, run_dir, show_progress=main_process)
+                result = train.run(run.config, run_dir, show_progress=show_progress)
             except train.Preempted as stopped:
                 say(f"{run.name}: {stopped}; rerun the same command to resume")
                 return train.PREEMPTED_EXIT_CODE
@@ -300,7 +303,9 @@ def cmd_run(sweep: Sweep, args) -> int:
         print(text, flush=True)
         if busy:
             say(f"{len(busy)} run(s) were being trained by another launcher: {', '.join(busy)}")
-        if args.pod_wide or first_share:
+        # Only when this launch had runs to train: a no-op rerun of a finished sweep would otherwise add
+        # another (offline) wandb run holding the same table each time.
+        if todo and (args.pod_wide or first_share):
             _log_sweep_to_wandb(sweep, all_states, sweep_dir)
     return 1 if not_trained or any(s.status == "failed" for s in mine_now) else 0
 
@@ -405,7 +410,7 @@ HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m sweeps.launch`` argument parser."""
-    parser = _Parser(prog="python -m sweeps.launch", description=__doc__,
+    parser = _Parser(prog=cli.prog("python -m sweeps.launch"), description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     common = _Parser(add_help=False)
     common.add_argument("sweep_file", metavar="SWEEP_FILE",
@@ -425,6 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (function, help_text) in COMMANDS.items():
         sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
         sub.set_defaults(function=function)
+        if name == "run":
+            sub.add_argument("--no-progress", action="store_true",
+                             help="no progress display (a terminal otherwise shows bars, a log file a line "
+                                  "every 30 s per run and one per finished run)")
         if name in ("run", "dry-run"):
             sub.add_argument("--pod-wide", action="store_true",
                              help="all hosts train every run together (jax.distributed); default on a "

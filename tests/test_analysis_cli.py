@@ -59,6 +59,51 @@ def test_table_gpt3_subprocess():
         assert row["optimal_width"] == pytest.approx(width, rel=0.02)
 
 
+# Table 1 of the paper as printed (optimal depth, width), the data the table command must show beside its own.
+PRINTED_TABLE1 = {"GPT-3 Small": (23, 555), "GPT-3 Medium": (32, 886), "GPT-3 Large": (38, 1220),
+                  "GPT-3 XL": (42, 1550), "GPT-3 2.7B": (47, 2110), "GPT-3 6.7B": (54, 3150),
+                  "GPT-3 13B": (60, 4200), "GPT-3 175B": (80, 13500), "1T budget": (95, 30100)}
+
+
+def test_table_names_the_papers_values_and_why_each_row_differs():
+    result = run_cli("table", "--preset", "gpt3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| model"))
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert {"optimal L", "paper L", "optimal d", "paper d", "vs the paper"} <= set(columns)
+    data = json.loads(run_cli("table", "--preset", "gpt3", "--json").stdout)
+    rows = {row["name"]: row for row in data["rows"]}
+    shown = 0
+    for line in lines:
+        cells = dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|"))))
+        if cells.get("model") not in PRINTED_TABLE1:
+            continue
+        shown += 1
+        depth, width = PRINTED_TABLE1[cells["model"]]
+        assert (cells["paper L"], cells["paper d"]) == (str(depth), f"{width:,}")
+        ours = rows[cells["model"]]
+        assert cells["optimal L"] == str(ours["optimal_depth"])
+        note = cells["vs the paper"]
+        assert note == ours["paper_note"]
+        if ours["optimal_depth"] != depth:  # the depth differs: the note says from which root and a, b
+            assert note.startswith("L:") and f"{ours['optimal_depth_continuous']:.2f}" in note
+            assert "5.039" in note and "0.0555" in note
+        if float(f"{ours['optimal_width']:.2e}") != width and ours["optimal_depth"] == depth:
+            assert "d:" in note, note  # the width differs at the same depth: the note says how it was rounded
+        if "same;" in note:
+            assert ours["optimal_depth"] == depth and float(f"{ours['optimal_width']:.2e}") == width
+    assert shown == len(PRINTED_TABLE1)
+    assert any(rows[name]["paper_depth_difference"] != 0 for name in rows)  # the Large row, root 37.4
+
+
+def test_table_with_another_fit_shows_no_paper_columns(tmp_path):
+    fit = tmp_path / "mine.json"
+    fit.write_text(json.dumps({"a": 5.2, "b": 0.05, "cov": [[1e-3, 0], [0, 1e-6]]}))
+    result = run_cli("table", "--preset", "gpt3", "--fit", str(fit))
+    assert result.returncode == 0 and "paper L" not in result.stdout and "--fit levine2020" in result.stdout
+
+
 def test_transition_size_96_subprocess():
     result = run_cli("transition-size", "--depth", "96", "--json")
     assert result.returncode == 0, result.stderr
@@ -227,11 +272,38 @@ def test_optimal_warns_when_extrapolating_and_rounds_the_width(budget):
     result = run_cli("optimal", "--params", budget, "--json")
     assert result.returncode == 0, result.stderr
     warning = result.stderr.strip().splitlines()
-    assert len(warning) == 1 and warning[0].startswith("warning: extrapolated") and "L = 6 to 36" in warning[0]
+    assert warning[0].startswith("warning: extrapolated") and "L = 6 to 36" in warning[0]
     data = json.loads(result.stdout)
     assert data["warning"] == warning[0][len("warning: "):]
+    # Only the tiny budget's width rounds so far that the shape misses the budget (next test).
+    assert len(warning) == (2 if data["budget_warning"] else 1)
     assert data["width_rounded"] % data["head_size"] == 0 and data["width_rounded"] >= data["head_size"]
     assert abs(data["width_rounded"] - data["width"]) <= data["head_size"] / 2 or data["width"] < data["head_size"]
+
+
+def test_optimal_warns_when_the_rounded_width_misses_the_budget():
+    # 1e3 parameters: the width sqrt(1e3/12) ≈ 9 channels rounds up to one 64-channel head.
+    result = run_cli("optimal", "--params", "1e3", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    ratio = 12 * data["depth"] * data["width_rounded"] ** 2 / data["params"]
+    assert ratio > 10
+    assert f"warning: {data['budget_warning']}" in result.stderr.splitlines()
+    assert f"{ratio:.3g} times the budget" in data["budget_warning"] and "--head-size" in data["budget_warning"]
+    text = run_cli("optimal", "--params", "1e3")
+    assert text.returncode == 0 and f"{ratio:.3g} times the budget" in text.stderr
+    # A finer head size keeps the same tiny budget within 10%: no warning.
+    fine = json.loads(run_cli("optimal", "--params", "1e3", "--head-size", "1", "--json").stdout)
+    assert fine["budget_warning"] is None
+
+
+@pytest.mark.parametrize("budget", ["-5", "0", "-0.5", "=-2e9"])
+def test_optimal_says_a_budget_must_be_positive(budget):
+    # argparse takes "-2e9" for an option; "--params=-2e9" is how a shell user passes it.
+    result = run_cli("optimal", f"--params{budget}" if budget.startswith("=") else "--params",
+                     *([] if budget.startswith("=") else [budget]))
+    assert result.returncode == 2 and result.stdout == ""
+    assert "must be positive" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_optimal_inside_the_fitted_depths_has_no_warning():
@@ -239,6 +311,33 @@ def test_optimal_inside_the_fitted_depths_has_no_warning():
     assert result.returncode == 0 and result.stderr == ""
     data = json.loads(result.stdout)
     assert data["warning"] is None and data["head_size"] == 128 and data["width_rounded"] % 128 == 0
+
+
+def test_fit_save_with_nothing_to_save_exits_non_zero(tmp_path):
+    # One depth pair with no transition in range: the analysis runs, but there is no fit to keep.
+    flat = synthetic_runs(depths=(2, 4), a=9.0, b=0.1, seeds=3, noise=0.003, rng=0)
+    csv_path = tmp_path / "flat.csv"
+    flat.to_csv(csv_path, index=False)
+    saved = tmp_path / "fit.json"
+    result = run_cli("fit", str(csv_path), "--save", str(saved), "--bootstrap", "50")
+    assert result.returncode == 1, result.stderr
+    assert not saved.exists()
+    assert f"nothing saved to {saved}" in result.stderr
+    chained = subprocess.run(["bash", "-c", f"{sys.executable} -m analysis fit {csv_path} --save {saved} "
+                              f"--bootstrap 50 >/dev/null && echo reached"], capture_output=True, text=True)
+    assert "reached" not in chained.stdout
+
+
+def test_synthetic_sweep_gives_back_the_planted_fit(tmp_path):
+    out = tmp_path / "sweep.csv"
+    result = run_cli("synthetic", "--out", str(out), "--depths", "6", "12", "18", "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    saved = tmp_path / "fit.json"
+    assert run_cli("fit", str(out), "--save", str(saved), "--bootstrap", "50").returncode == 0
+    fit = json.loads(saved.read_text())
+    assert abs(fit["b"] - 0.0555) < 4 * fit["sigma_b"] and abs(fit["a"] - 5.039) < 4 * fit["sigma_a"]
+    bad = run_cli("synthetic", "--out", str(out), "--depths", "6")
+    assert bad.returncode == 2 and "2 or more distinct depths" in bad.stderr
 
 
 def test_fit_json_carries_both_estimates(capsys, sweep_csv):

@@ -107,6 +107,9 @@ def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path):
     for name in ("L1-d16-s0", "L1-d32-s0", "L2-d16-s0", "L2-d32-s0"):
         assert name in done.stdout
     assert "analysis:" in done.stdout and "not enough points" in done.stdout  # one seed: no noise estimate
+    # stderr is a pipe here, as in a log file: plain progress lines, no bar redraws or escape codes.
+    assert "\x1b" not in done.stderr and "\r" not in done.stderr, done.stderr[-2000:]
+    assert "L1-d16-s0: 12/12 steps (100%)" in done.stderr and "sweep e2e: 4/4 runs (100%)" in done.stderr
 
     sweep_dir = workdir / "e2e"
     records = results(sweep_dir)
@@ -138,6 +141,13 @@ def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path):
     assert (run_record.run_group, run_record.job_type) == ("e2e", "sweep")
     config = {item.key: json.loads(item.value_json) for item in run_record.config.update}
     assert config["depths"] == [1, 2] and len(config["runs"]) == 4
+
+    # Running the finished sweep again trains nothing and adds no wandb run, the sweep's included.
+    wandb_runs = sorted(p.name for p in sweep_dir.glob("**/offline-run-*"))
+    again = run_cli("run", sweep_file, "--workdir", workdir)
+    assert again.returncode == 0 and "0 to train" in again.stdout, again.stderr[-3000:]
+    assert sorted(p.name for p in sweep_dir.glob("**/offline-run-*")) == wandb_runs
+    assert "\x1b" not in again.stderr and "\r" not in again.stderr
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
@@ -432,6 +442,24 @@ def test_run_takes_the_host_share_then_hides_the_other_hosts(tmp_path, capsys, m
     assert (environ["TPU_WORKER_HOSTNAMES"], environ["TPU_PROCESS_BOUNDS"]) == ("localhost", "1,1,1")
     assert not (workdir / "hostrun" / "sweep.json").exists()  # the first share writes it
     assert [Path(str(run.run_dir(workdir))).exists() for run in runs] == [run in mine for run in runs]
+
+
+@pytest.mark.parametrize("flags, shown", [([], True), (["--no-progress"], False)])
+def test_no_progress_reaches_the_trainer(tmp_path, capsys, monkeypatch, flags, shown):
+    from scaling import train
+
+    sweep_file = write_sweep(tmp_path, "quiet", "depths=(1,), widths={1: (16,)}")
+    seen = []
+
+    def fake_run(config, run_dir, show_progress=True, devices=None):
+        seen.append(show_progress)
+        raise RuntimeError("not trained in this test")
+
+    monkeypatch.setattr(train, "run", fake_run)
+    assert launch.main(["run", str(sweep_file), "--workdir", str(tmp_path / "runs"), *flags]) == 1
+    assert seen == [shown]
+    err = capsys.readouterr().err
+    assert ("sweep quiet: 1/1 runs" in err) == shown
 
 
 # ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ It shows the machinery, not the science: at these sizes the shallower net
 should win at every budget (the "too deep for its size" regime), and one
 seed cannot tell significant gaps from noise, so the summary says the
 transition analysis needs more seeds. For that, see cpu_depth.py.
-README.md gives its measured wall time and the machine it was measured on.
+It takes a few minutes on 2 CPU cores, start-up and summary included.
 """
 
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
