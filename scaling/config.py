@@ -115,8 +115,9 @@ class ModelConfig:
     # linears, Xavier-uniform attention projections, N(0, 1) embeddings), as
     # "Overcoming a Theoretical Limitation of Self-Attention" (section 4.1) trains with.
     init_scheme: str = "normal"
-    # The loss forms logits for about this many tokens of the (micro)batch at a
-    # time (``scaling.loss.cross_entropy_sum``): memory, not results, depends on it.
+    # The loss forms logits for about this many tokens of one device's rows of the
+    # (micro)batch at a time (``scaling.loss.cross_entropy_sum``): memory, not
+    # results, depends on it.
     loss_chunk_tokens: int = 8192
 
     def __post_init__(self):
