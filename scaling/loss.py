@@ -67,11 +67,15 @@ def _logits(hidden, kernel, vocab_size: int):
 
 
 def _token_losses(logits, targets):
-    """(−log p(target) per position [float32], log-sum-exp per position [float32]); the sum runs in float32."""
-    wide = logits.astype(jnp.float32)
-    peak = jax.lax.stop_gradient(wide.max(axis=-1, keepdims=True))
-    lse = jnp.log(jnp.exp(wide - peak).sum(axis=-1)) + peak[..., 0]
-    target = jnp.take_along_axis(wide, targets[..., None], axis=-1)[..., 0]
+    """(−log p(target), log-sum-exp) per position, float32, from logits in any float dtype.
+
+    Only the sum of exponentials runs in float32, converted on the fly: the
+    maximum and the target's logit are read from the logits as they are, so
+    no float32 copy of the logits is ever written.
+    """
+    peak = jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)).astype(jnp.float32)
+    lse = jnp.log(jnp.exp(logits.astype(jnp.float32) - peak).sum(axis=-1)) + peak[..., 0]
+    target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
     return lse - target, lse
 
 
@@ -79,38 +83,47 @@ def _slice_loss_sum(hidden, kernel, targets, weights, vocab_size: int):
     return (_token_losses(_logits(hidden, kernel, vocab_size), targets)[0] * weights).sum()
 
 
+def _sliced_sums(hidden, kernel, targets, weights, vocab_size: int):
+    """(Σ weights · cross-entropy, log-sum-exp per position [slices, batch, positions]) over the slices."""
+    def add_slice(total, xs):
+        hidden_slice, target_slice, weight_slice = xs
+        losses, lse = _token_losses(_logits(hidden_slice, kernel, vocab_size), target_slice)
+        return total + (losses * weight_slice).sum(), lse
+
+    return jax.lax.scan(add_slice, jnp.zeros((), jnp.float32), (hidden, targets, weights))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _sliced_loss_sum(hidden, kernel, targets, weights, vocab_size: int):
     """Σ weights · cross-entropy over slices: ``hidden`` [slices, batch, positions, width], ``kernel`` whole."""
-    def add_slice(total, xs):
-        return total + _slice_loss_sum(xs[0], kernel, xs[1], xs[2], vocab_size), None
-
-    return jax.lax.scan(add_slice, jnp.zeros((), jnp.float32), (hidden, targets, weights))[0]
+    return _sliced_sums(hidden, kernel, targets, weights, vocab_size)[0]
 
 
 def _sliced_forward(hidden, kernel, targets, weights, vocab_size):
-    return _sliced_loss_sum(hidden, kernel, targets, weights, vocab_size), (hidden, kernel, targets, weights)
+    total, lse = _sliced_sums(hidden, kernel, targets, weights, vocab_size)
+    return total, (hidden, kernel, targets, weights, lse)
 
 
 def _sliced_backward(vocab_size, saved, g):
-    # One slice's logits at a time again, recomputed; the unembedding's gradient
-    # is summed over slices in float32 and rounded once, at the end.
-    hidden, kernel, targets, weights = saved
+    # One slice's logits at a time again, recomputed; the log-sum-exp is the
+    # forward pass's, and the unembedding's gradient is summed over slices in
+    # float32 and rounded once, at the end.
+    hidden, kernel, targets, weights, lse = saved
 
     def slice_grads(kernel_grad, xs):
-        hidden_slice, target_slice, weight_slice = xs
+        hidden_slice, target_slice, weight_slice, lse_slice = xs
         logits = _logits(hidden_slice, kernel, vocab_size)
-        losses, lse = _token_losses(logits, target_slice)
-        probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+        probs = jnp.exp(logits.astype(jnp.float32) - lse_slice[..., None])
         hot = jax.nn.one_hot(target_slice, logits.shape[-1], dtype=jnp.float32)
         logit_grad = ((probs - hot) * (g * weight_slice)[..., None]).astype(kernel.dtype)
         hidden_grad = jnp.einsum("bpv,dv->bpd", logit_grad, kernel)
         kernel_grad = kernel_grad + jnp.einsum("bpd,bpv->dv", hidden_slice, logit_grad,
                                                preferred_element_type=jnp.float32)
-        return kernel_grad, (hidden_grad, losses * g)
+        target = jnp.take_along_axis(logits, target_slice[..., None], axis=-1)[..., 0].astype(jnp.float32)
+        return kernel_grad, (hidden_grad, (lse_slice - target) * g)
 
     kernel_grad, (hidden_grad, weight_grad) = jax.lax.scan(
-        slice_grads, jnp.zeros(kernel.shape, jnp.float32), (hidden, targets, weights))
+        slice_grads, jnp.zeros(kernel.shape, jnp.float32), (hidden, targets, weights, lse))
     target_grad = np.zeros(targets.shape, jax.dtypes.float0)
     return hidden_grad, kernel_grad.astype(kernel.dtype), target_grad, weight_grad.astype(weights.dtype)
 
