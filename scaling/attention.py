@@ -88,7 +88,7 @@ def _splash_kernel(length: int, heads: int, causal: bool, interpret: bool, block
                                   q_seq_shards=1, interpret=interpret)
 
 
-def _block(length: int) -> int:
+def flash_block(length: int) -> int:
     """The splash block: ``FLASH_BLOCK`` positions, or fewer when that does not divide the sequence."""
     block = min(FLASH_BLOCK, length)
     while length % block:
@@ -112,7 +112,7 @@ def _splash(query, key, value, *, causal: bool, input_mask, interpret: bool):
                 else (input_mask > 0).astype(jnp.int32))
 
     def per_device(q, k, v, segment_ids):  # [rows, length, local heads, head_dim]
-        kernel = _splash_kernel(length, q.shape[2], causal, interpret, _block(length))
+        kernel = _splash_kernel(length, q.shape[2], causal, interpret, flash_block(length))
         heads_first = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # noqa: E731
         one_row = lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(s, s))  # noqa: E731
         out = jax.vmap(one_row)(heads_first(q), heads_first(k), heads_first(v), segment_ids)
@@ -143,7 +143,7 @@ def attention_flops_per_call(batch: int, heads: int, length: int, head_dim: int,
     (q·kᵀ, dO·vᵀ, dSᵀ·q, Pᵀ·dO); each is 2·head_dim FLOPs per pair. A causal
     mask skips whole blocks above the diagonal: of n×n blocks, n(n+1)/2 run.
     """
-    blocks = length // _block(length)
+    blocks = length // flash_block(length)
     density = (blocks + 1) / (2 * blocks) if causal else 1.0
     pairs = batch * heads * length * length * density
     return {"fwd": 2 * 2 * head_dim * pairs, "dq": 3 * 2 * head_dim * pairs, "dkv": 4 * 2 * head_dim * pairs}
