@@ -166,6 +166,11 @@ def _shard_bytes(tree) -> int:
     return total
 
 
+def parameter_count(program) -> int:
+    """Parameters of a built program's model (embeddings, padding ids and norms included)."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(program.abstract_state["params"]))
+
+
 def _full_bytes(tree) -> int:
     """Bytes of every ShapeDtypeStruct in ``tree`` unsharded (the whole model state)."""
     return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree_util.tree_leaves(tree))
@@ -232,6 +237,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
            "estimated_mfu": None, "mfu_upper_bound": None, "loops_counted": None, "loops_uncounted": None,
            "kernels_analytic": None, "kernels_uncounted": None, "collectives": None, "compile_seconds": None,
            "remat": config.model.remat, "attention_impl": config.model.attention_impl, "remat_suggestion": None,
+           "parameters": None,
            "tokens_per_step": config.batch_size * config.data.seq_len,
            "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
            "suggestion": None, "error": None}
@@ -244,6 +250,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         row["error"] = _one_line(error)
         return row
     batch = train.batch_spec(config, mesh)
+    row["parameters"] = parameter_count(program)
     state_per_chip = _shard_bytes(program.abstract_state) + _shard_bytes(batch)
     state_total = _full_bytes(program.abstract_state) + _full_bytes(batch)
 
