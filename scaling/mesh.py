@@ -190,7 +190,8 @@ def active_mesh() -> Mesh | None:
 
 
 def activation_spec(logical_axes, shape) -> PartitionSpec:
-    """The ``PartitionSpec`` ``constrain`` gives an activation of ``shape`` (all None outside ``activation_sharding``)."""
+    """The ``PartitionSpec`` ``constrain`` gives an activation of ``shape``
+    (every dimension None outside ``activation_sharding``)."""
     active = _ACTIVATION_RULES.get()
     if active is None:
         return PartitionSpec(*([None] * len(shape)))

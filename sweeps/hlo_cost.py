@@ -122,7 +122,10 @@ class ProgramCoster:
             cost.memory_seconds += memory
         return max(compute, memory)
 
-    def _launch(self, cost: Cost, collective: hlo_collectives.Collective, chip: float, links: float) -> tuple[float, float]:
+    def _fused(self, fused: Computation):
+        return self._fused(fused)
+
+    def _launch(self, cost: Cost, collective, chip: float, links: float) -> tuple[float, float]:
         """Start ``collective`` when the chip has issued it (``chip``) and links are free (``links``, the
         links' stream); returns (when it ends, when the links' stream is next free).
 
@@ -156,7 +159,8 @@ class ProgramCoster:
                 continue
             base = opcode.removesuffix("-start")
             if base in COLLECTIVES:
-                collective = hlo_collectives.collective(instruction, "", self.device_count, self.links_for, self.machine)
+                collective = hlo_collectives.collective(instruction, "", self.device_count, self.links_for,
+                                                        self.machine)
                 ends, links = self._launch(cost, collective, chip, links)
                 if opcode.endswith("-start"):
                     in_flight[instruction.name] = ends
@@ -170,8 +174,7 @@ class ProgramCoster:
             if opcode == "fusion":
                 fused = next((self.module.computation(c) for r, c in instruction.called() if r == "calls"), None)
                 if fused is not None:
-                    collectives, starts, dones = hlo_collectives.fused_collectives(self.module, fused, self.device_count,
-                                                                    self.links_for, self.machine)
+                    collectives, starts, dones = self._fused(fused)
                     for collective in collectives:
                         key = collective.channel or instruction.name
                         if dones:
@@ -196,8 +199,7 @@ class ProgramCoster:
                 fused = self.module.computation(callee)
                 if fused is None:
                     continue
-                collectives, starts, _ = hlo_collectives.fused_collectives(self.module, fused, self.device_count, self.links_for,
-                                                            self.machine)
+                collectives, starts, _ = self._fused(fused)
                 if starts:
                     found.update(c.channel for c in collectives if c.channel)
         return found

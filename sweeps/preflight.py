@@ -450,8 +450,9 @@ def main(sweep, args, runs=None) -> int:
 
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
     ``{"runs": [rows], "summary": {...}}`` instead of the table),
-    ``pod_wide``, ``jobs`` (compile processes) and ``remat_search``. ``runs`` (``RunSpec``s; default: the whole sweep) are the
-    runs to check, e.g. after ``--only``.
+    ``pod_wide``, ``jobs`` (compile processes) and ``remat_search``.
+    ``runs`` (``RunSpec``s; default: the whole sweep) are the runs to check,
+    e.g. after ``--only``.
     """
     try:  # a bad topology is reported first: it is wrong whatever is installed
         topology = parse_topology(args.topology)
