@@ -123,7 +123,7 @@ class ProgramCoster:
         return max(compute, memory)
 
     def _fused(self, fused: Computation):
-        return self._fused(fused)
+        return hlo_collectives.fused_collectives(self.module, fused, self.device_count, self.links_for, self.machine)
 
     def _launch(self, cost: Cost, collective, chip: float, links: float) -> tuple[float, float]:
         """Start ``collective`` when the chip has issued it (``chip``) and links are free (``links``, the
