@@ -434,7 +434,7 @@ def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = F
             "runs": len(rows), "runs_failing": sum(not row["fits"] for row in rows), "runs_unknown": unknown,
             "loops_counted": sum(row.get("loops_counted") or 0 for row in distinct),
             "loops_uncounted": sum(row.get("loops_uncounted") or 0 for row in distinct),
-            "median_estimated_mfu": _median([row["estimated_mfu"] for row in rows if row["fits"]]), **hours}
+            "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours}
 
 
 def _median(values: list):

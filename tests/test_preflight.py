@@ -17,7 +17,8 @@ import pytest
 
 from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
-from sweeps import launch, preflight, roofline
+from sweeps import launch, preflight
+from sweeps.spec import Sweep
 
 # The suite shares one persistent compilation cache (tests/conftest.py). JAX cannot load a
 # TPU executable that was compiled ahead of time, without a TPU attached, back from that
@@ -201,7 +202,8 @@ def cli_run(tmp_path_factory):
     path = write_sweep(tmp_path_factory.mktemp("sweep"), (1, 48), {1: (64,), 48: (8192,)})
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = launch.main(["preflight", path, "--topology", TOPOLOGY, "--json"])
+        # Two programs in two processes: the parallel path, as the default takes it on a machine with 2 cores.
+        code = launch.main(["preflight", path, "--topology", TOPOLOGY, "--json", "--jobs", "2"])
     return code, json.loads(out.getvalue())
 
 
@@ -265,7 +267,7 @@ def test_host_parallel_runs_are_checked_on_one_hosts_chips(slice_name, one_host)
     assert preflight.checked_topology(topology, pod_wide=True).name == slice_name
 
 
-def fake_row(name, config, topology, devices):
+def fake_row(name, config, topology, devices, remat_search=False):
     return {"name": name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
             "checked": (topology.name, len(devices))}
 
@@ -278,7 +280,8 @@ def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, mon
     path = tmp_path / "seeds.py"
     path.write_text(SWEEP_FILE.format(depths=(1, 2), widths={1: (64,), 2: (64,)}).replace(
         'widths={1: (64,), 2: (64,)})', 'widths={1: (64,), 2: (64,)}, seeds=(0, 1, 2))'))
-    assert launch.main(["preflight", str(path), "--topology", "v5e:4x4", "--only", "L1-*", "--json"]) == 0
+    command = ["preflight", str(path), "--topology", "v5e:4x4", "--json", "--jobs", "1"]
+    assert launch.main(command + ["--only", "L1-*"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert checked == ["L1-d64-s0"]  # three seeds, one compile
     assert [row["name"] for row in report["runs"]] == ["L1-d64-s0", "L1-d64-s1", "L1-d64-s2"]
@@ -290,8 +293,27 @@ def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, mon
     assert summary["chip_hours"] == pytest.approx(3 * steps * 0.5 * 4 / 3600)
     assert summary["wall_hours"] == pytest.approx(steps * 0.5 / 3600)  # one run per host
     checked.clear()
-    assert launch.main(["preflight", str(path), "--topology", "v5e:4x4", "--pod-wide", "--json"]) == 0
+    assert launch.main(command + ["--pod-wide"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert checked == ["L1-d64-s0", "L2-d64-s0"]
     assert {tuple(row["checked"]) for row in report["runs"]} == {("v5e:4x4", 16)}
     assert report["summary"]["wall_hours"] == pytest.approx(6 * steps * 0.5 / 3600)
+
+
+def test_a_run_with_an_uncounted_loop_reads_unknown_in_the_table_and_the_hours(tmp_path):
+    runs = Sweep(name="u", base=small(), depths=(1, 2), widths={1: (64,), 2: (64,)}).expand().runs
+    counted = {"name": runs[0].name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
+               "loops_counted": 2, "loops_uncounted": 0}
+    uncounted = dict(counted, name=runs[1].name, estimated_step_seconds=None, loops_counted=1, loops_uncounted=1)
+    rows = []
+    for row in (counted, uncounted):
+        full = {key: None for key in ("hbm_bytes_per_device", "hbm_capacity_bytes", "flops", "collective_bytes",
+                                      "bound", "estimated_mfu", "mfu_upper_bound", "compile_seconds")}
+        rows.append({**full, **row})
+    summary = preflight.sweep_summary(rows, runs, "v5e:2x2")
+    assert summary["runs_unknown"] == 1 and summary["loops_uncounted"] == 1 and summary["loops_counted"] == 3
+    assert summary["chip_hours"] is None and summary["wall_hours"] is None  # never a number that leaves a run out
+    table = preflight.format_table(rows, summary)
+    line = next(line for line in table.splitlines() if line.startswith(runs[1].name))
+    assert "unknown" in line and "1 (1 not)" in line
+    assert "unknown chip-hours" in table
