@@ -69,9 +69,12 @@ def sweep_cost(rows: list[dict], run_names: list[str], prices: dict) -> dict:
     sweep = spec.load_sweep(str(HERE.parent / "sweeps" / "configs" / "paper.py"))
     by_name = {run.name: run for run in sweep.expand().runs}
     known = {row["name"]: row for row in rows}
-    runs = [by_name[name] for name in run_names if name in known]
-    # A seed-0 row stands for the other seeds of its shape (the same program).
-    shaped = [dict(known.get(run.name) or known[run.name.rsplit("-s", 1)[0] + "-s0"], name=run.name) for run in runs]
+
+    def row_of(name):  # a seed-0 row stands for the other seeds of its shape (the same program)
+        return known.get(name) or known.get(name.rsplit("-s", 1)[0] + "-s0")
+
+    runs = [by_name[name] for name in run_names if row_of(name) is not None]
+    shaped = [dict(row_of(run.name), name=run.name) for run in runs]
     summary = preflight.sweep_summary(shaped, runs, PAPER_TOPOLOGY)
     hours = summary["chip_hours"]
     return {"runs": len(runs), "runs_failing": summary["runs_failing"], "chip_hours": hours,
