@@ -317,3 +317,21 @@ def test_a_run_with_an_uncounted_loop_reads_unknown_in_the_table_and_the_hours(t
     line = next(line for line in table.splitlines() if line.startswith(runs[1].name))
     assert "unknown" in line and "1 (1 not)" in line
     assert "unknown chip-hours" in table
+
+
+def test_the_cheapest_remat_policy_that_fits_is_found_cheapest_first():
+    tried = []
+
+    def fits_from(fitting):
+        def fits(candidate):
+            tried.append(candidate.model.remat)
+            return {"fits": candidate.model.remat in fitting}
+        return fits
+
+    config = dataclasses.replace(small(), model=dataclasses.replace(small().model, remat="full"))
+    assert preflight.cheapest_remat(config, fits_from({"dots", "full"}))["remat"] == "dots"
+    assert tried == ["none", "dots"]
+    assert preflight.cheapest_remat(config, fits_from({"full"})) is None  # nothing cheaper fits: keep full
+    tried.clear()
+    none = dataclasses.replace(config, model=dataclasses.replace(config.model, remat="none"))
+    assert preflight.cheapest_remat(none, fits_from({"none"})) is None and tried == []  # already the cheapest
