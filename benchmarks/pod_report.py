@@ -21,6 +21,21 @@ per sweep: chip-hours of training steps and their price. Every figure is a
 roofline estimate from compiled programs (``sweeps/roofline.py`` says what
 it leaves out); nothing here ran on a TPU.
 
+Measured on the shared 2-core dev machine (jax 0.10.2, libtpu 0.0.42.1, 2026-11-24), for the
+paper sweep's depth-6 runs only (``--only 'L6-*'``; the whole sweep's 48 programs were not compiled
+here: at 4 to 14 minutes a compile on this machine that is hours), saved in
+``benchmarks/pod_report_after.json`` (``--after`` prints it again without compiling):
+
+  run          before: step s  bound   MFU    after: step s  bound    MFU    loops (uncounted)
+  L6-d128-s0   0.0800          memory  11.5%  0.0286         memory   32.1%  17 (0)
+  L6-d192-s0   0.1008          memory  14.5%  0.0364         memory   40.2%  17 (0)
+  L6-d256-s0   0.1286          memory  16.1%  0.0488         compute  42.4%  17 (0)
+  L6-d320-s0   0.1537          memory  17.8%  0.0637         compute  42.9%  17 (0)
+  L6 (12 runs, 3 seeds) on one v5e:2x4 host: 15.4 -> 5.9 chip-hours, $19 -> $7 on-demand, $7 -> $3 Spot
+  GPT-3 XL, fsdp=256, v5e:16x16: 0.534 s/step (collectives-bound), MFU 17.7%, ICI 64.6 GB/chip/step
+      (7.6x the FSDP minimum) -> 0.172 s/step (compute), MFU 54.7%, ICI 11.9 GB (1.40x);
+      per 1,000 steps 38 -> 12 chip-hours, $46 -> $15 on-demand, $18 -> $6 Spot
+
 Prices (USD per v5e chip-hour), from the Cloud TPU pricing page,
 https://cloud.google.com/tpu/pricing, as last read for this project in 2024
 (us-west4 / us-central1 list prices) and NOT re-checked here (no network):
