@@ -16,10 +16,13 @@ compute, float32 parameters, AdamW, full remat, scanned layers):
   model's activation constraints switched off, the layout before they existed.
 - ``gpt3-xl``: depth 24, width 2048 (16 heads of 128), 256 sequences of
   2048 tokens, the paper's 50261-id vocabulary, mesh data=1 fsdp=256 over a
-  whole v5e:16x16, checked as ``preflight --pod-wide`` checks a run (the full
-  scanned compile for memory, depth-1/2 compiles for the costs).
+  whole v5e:16x16, checked as ``preflight --pod-wide`` checks a run (one
+  compile; since issue 27 its costs come from that program's HLO, every loop
+  counted, where they used to come from extra depth-1/2 compiles).
 
-Measured with jax 0.10.2 / libtpu 0.0.42.1 on the shared 2-core dev machine:
+Measured with jax 0.10.2 / libtpu 0.0.42.1 on the shared 2-core dev machine, by the
+roofline of the time (loops counted once, all collectives added; see benchmarks/pod_report.py
+for the same runs priced by the roofline of issue 27):
 
   before the chunked loss and the padded vocabulary (unpadded 260 ids, whole logits):
     fsdp-l2 --without-activation-constraints: all-gather 3.57 GB (68 ops), all-reduce 0.98 GB,

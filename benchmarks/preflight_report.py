@@ -14,9 +14,9 @@ Two rows, both compiled ahead of time for the slice by ``sweeps.preflight``
    fsdp over the whole slice).
 ``--set KEY=VALUE`` overrides fields of both configs (e.g. the mesh).
 
-Measured with jax 0.10.2 / libtpu 0.0.42.1 on the 2-core dev machine, v5e:16x16
-(HBM per chip 16 GiB; step time = compiled FLOPs / 197e12, so MFU is an upper
-bound; each row also pays two small extra compiles for the FLOP count):
+Measured with jax 0.10.2 / libtpu 0.0.42.1 on the 2-core dev machine, v5e:16x16,
+before issue 27 (HBM per chip 16 GiB; step time = compiled FLOPs / 197e12, so MFU
+is an upper bound; each row then also paid two small extra compiles for the FLOP count):
 
   as the sweep defines them (mesh data=1, fsdp=256), no --set:
     paper L48-d1600   FAIL  49.8 GiB/chip: fsdp=256 does not divide d=1600, so

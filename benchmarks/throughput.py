@@ -46,8 +46,15 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported; skips probing for a TPU
-# Imported before JAX starts its CPU threads: importing the trainer tunes
-# glibc's allocator for them (see scaling.train.reuse_freed_memory).
+from scaling.cpu_allocator import tune_cpu_allocator  # noqa: E402
+
+# As the command lines do (scaling.train's and sweeps.launch's main), before
+# JAX starts its CPU threads: make glibc keep freed memory for reuse instead
+# of unmapping it (one arena, no mmap, a 2 GiB trim threshold), so the step's
+# temporaries stop page-faulting; SCALING_MALLOC_TUNING=0 measures without it.
+# mallopt is process-wide, so the PyTorch peer, which runs in this process,
+# gets the same allocator. Importing scaling.train no longer does this.
+MALLOC_TUNED = tune_cpu_allocator()
 from scaling import train  # noqa: E402, F401
 
 THREADS = 2
@@ -247,7 +254,8 @@ def measure(depth: int, width: int, peer_module, repeats: int, peak: float, laye
            "useful_flops_per_token": flops["useful"], "full_flops_per_token": flops["full"],
            "useful_flops_per_second": rate * flops["useful"], "full_flops_per_second": rate * flops["full"],
            "matmul_peak_flops": peak, "useful_fraction_of_peak": rate * flops["useful"] / peak,
-           "full_fraction_of_peak": rate * flops["full"] / peak, "other_processes_cores": max(others, 0.0)}
+           "full_fraction_of_peak": rate * flops["full"] / peak, "other_processes_cores": max(others, 0.0),
+           "glibc_malloc_tuned": MALLOC_TUNED}
     for layout in layouts:
         row[f"tokens_per_second_{'scanned' if layout == 'scan' else 'unrolled'}"] = medians[layout]
     if peer_module is not None:

@@ -109,14 +109,20 @@ class ModelConfig:
     compute_dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
+    # ``xla``: attention scores materialised by XLA; ``flash``: a fused kernel that
+    # never writes them (Pallas splash attention on TPU, cuDNN on GPU, the splash
+    # kernel interpreted on CPU, for tests); see ``scaling.attention``. The same
+    # function either way, so not part of the run id.
+    attention_impl: str = "xla"
     init_std: float = 0.02
     # ``normal``: every weight N(0, init_std²). ``torch``: PyTorch's defaults for
     # nn.TransformerEncoderLayer / nn.Linear / nn.Embedding (uniform ±1/sqrt(fan_in)
     # linears, Xavier-uniform attention projections, N(0, 1) embeddings), as
     # "Overcoming a Theoretical Limitation of Self-Attention" (section 4.1) trains with.
     init_scheme: str = "normal"
-    # The loss forms logits for about this many tokens of the (micro)batch at a
-    # time (``scaling.loss.cross_entropy_sum``): memory, not results, depends on it.
+    # The loss forms logits for about this many tokens of one device's rows of the
+    # (micro)batch at a time (``scaling.loss.cross_entropy_sum``): memory, not
+    # results, depends on it.
     loss_chunk_tokens: int = 8192
 
     def __post_init__(self):
@@ -145,6 +151,7 @@ class ModelConfig:
         _choice("param_dtype", self.param_dtype, ("float32", "bfloat16"))
         _choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
         _choice("remat", self.remat, REMAT_POLICIES)
+        _choice("attention_impl", self.attention_impl, ("xla", "flash"))
         _require(self.init_std > 0, "init_std", "a positive float", self.init_std)
         _choice("init_scheme", self.init_scheme, ("normal", "torch"))
         _require(self.loss_chunk_tokens >= 1, "loss_chunk_tokens", "an integer >= 1", self.loss_chunk_tokens)
@@ -348,6 +355,9 @@ class TrainConfig:
         _choice("wandb_mode", self.wandb_mode, ("auto", "offline", "online", "disabled"))
         _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
                  f"<= model.max_seq_len={self.model.max_seq_len}", self.data.seq_len)
+        if self.model.attention_impl == "flash":  # the splash kernel tiles sequences in blocks of 128
+            _require(self.data.seq_len % 128 == 0, "data.seq_len",
+                     "a multiple of 128 with model.attention_impl='flash' (or use 'xla')", self.data.seq_len)
 
 
 # ---------------------------------------------------------------------------
@@ -440,12 +450,13 @@ def override(config, assignments: list[str]):
 
 # Fields that do not change what a run computes: two configs differing only
 # here describe the same experiment (same run id, same results). Dotted names
-# reach into sections. ``microbatches`` and ``model.loss_chunk_tokens`` change
-# only how a step is computed (float rounding aside; with dropout, microbatches
-# also draw different dropout noise), never the data or the model.
+# reach into sections. ``microbatches``, ``model.loss_chunk_tokens`` and
+# ``model.attention_impl`` change only how a step is computed (float rounding
+# aside; with dropout, microbatches also draw different dropout noise), never
+# the data or the model.
 _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "log_every", "peak_flops",
                         "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir", "eval_at_start",
-                        "microbatches", "model.loss_chunk_tokens")
+                        "microbatches", "model.loss_chunk_tokens", "model.attention_impl")
 
 # Fields added after run records were first committed, with the value that
 # reproduces the old behaviour. A config holding that value hashes exactly as

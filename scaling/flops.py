@@ -52,3 +52,17 @@ def training_flops_per_token(model: ModelConfig, seq_len: int) -> TrainingFlops:
     return TrainingFlops(layers=6.0 * depth * (4 * width**2 + 2 * width * model.ff_width),
                          unembedding=6.0 * model.vocab_size * width,
                          attention=12.0 * depth * seq_len * width)
+
+
+def model_flops_utilization(model: ModelConfig, seq_len: int, tokens_per_second: float, peak_flops: float,
+                            devices: int) -> float:
+    """Model FLOPs utilisation: model FLOPs per second / (``devices`` × ``peak_flops`` per device).
+
+    The one definition, used by the trainer's logged ``mfu`` (measured
+    tokens/s) and the preflight's ``estimated_mfu`` (tokens per step / the
+    estimated step time). Model FLOPs are ``training_flops_per_token``'s:
+    what the model needs, not what the compiled step executes, so remat's
+    recomputed forward passes, skipped causal blocks and padding ids are
+    cost or savings of the implementation, never useful work.
+    """
+    return tokens_per_second * training_flops_per_token(model, seq_len).total / (peak_flops * devices)

@@ -5,9 +5,11 @@ model's step (with a 50k vocabulary they dwarf every activation), so the
 model hands over its final hidden states and unembedding kernel
 (``Transformer(..., return_hidden=True)``) and:
 
-- ``cross_entropy_sum`` forms the logits for a slice of the sequence at a
-  time under ``jax.lax.scan``; each slice's logits are recomputed in the
-  backward pass (``jax.checkpoint``), so the backward pass is sliced too;
+- ``cross_entropy_sum`` gathers the unembedding once, then forms the logits
+  for a slice of the sequence at a time under ``jax.lax.scan``; each
+  slice's logits are recomputed in the backward pass (a custom VJP that
+  also sums the kernel's gradient in float32), so the backward pass is
+  sliced too;
 - ``label_cross_entropy_sums`` (classification) only ever forms the two
   label logits;
 - ``loss_and_grads`` splits a batch into microbatches (gradient
@@ -24,9 +26,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from scaling.model import Transformer, unembed
+from scaling.mesh import activation_shards, constrain
+from scaling.model import _DTYPES, _PADDING_LOGIT, Transformer, unembed
 
 
 def mask_for_mlm(rng, inputs, input_mask, *, rate: float, mask_id: int, random_token_limit: int):
@@ -48,9 +52,93 @@ def mask_for_mlm(rng, inputs, input_mask, *, rate: float, mask_id: int, random_t
     return masked, inputs, selected.astype(jnp.float32)
 
 
-def _slice_loss_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str):
-    logits = unembed(hidden, kernel, vocab_size, compute_dtype)
-    return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum()
+def _logits(hidden, kernel, vocab_size: int):
+    """Logits [..., padded vocabulary] in the dtype of ``hidden`` and ``kernel`` (bf16 in bf16 models).
+
+    Ids at or beyond ``vocab_size`` (the padding) get a large negative logit:
+    zero probability and zero gradient. Rounding the logits to bf16 is what
+    the bf16 matmul always did; only the log-sum-exp needs float32.
+    """
+    logits = jnp.dot(hidden, kernel)
+    if kernel.shape[-1] == vocab_size:
+        return logits
+    real = jnp.arange(kernel.shape[-1]) < vocab_size
+    return jnp.where(real, logits, jnp.asarray(_PADDING_LOGIT, logits.dtype))
+
+
+def _token_losses(logits, targets):
+    """(−log p(target), log-sum-exp) per position, float32, from logits in any float dtype.
+
+    Only the sum of exponentials runs in float32, converted on the fly: the
+    maximum and the target's logit are read from the logits as they are, so
+    no float32 copy of the logits is ever written.
+    """
+    peak = jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)).astype(jnp.float32)
+    lse = jnp.log(jnp.exp(logits.astype(jnp.float32) - peak).sum(axis=-1)) + peak[..., 0]
+    target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
+    return lse - target, lse
+
+
+def _slice_loss_sum(hidden, kernel, targets, weights, vocab_size: int):
+    return (_token_losses(_logits(hidden, kernel, vocab_size), targets)[0] * weights).sum()
+
+
+def _sliced_sums(hidden, kernel, targets, weights, vocab_size: int):
+    """(Σ weights · cross-entropy, log-sum-exp per position [slices, batch, positions]) over the slices."""
+    def add_slice(total, xs):
+        hidden_slice, target_slice, weight_slice = xs
+        losses, lse = _token_losses(_logits(hidden_slice, kernel, vocab_size), target_slice)
+        return total + (losses * weight_slice).sum(), lse
+
+    return jax.lax.scan(add_slice, jnp.zeros((), jnp.float32), (hidden, targets, weights))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _sliced_loss_sum(hidden, kernel, targets, weights, vocab_size: int):
+    """Σ weights · cross-entropy over slices: ``hidden`` [slices, batch, positions, width], ``kernel`` whole."""
+    return _sliced_sums(hidden, kernel, targets, weights, vocab_size)[0]
+
+
+def _sliced_forward(hidden, kernel, targets, weights, vocab_size):
+    total, lse = _sliced_sums(hidden, kernel, targets, weights, vocab_size)
+    return total, (hidden, kernel, targets, weights, lse)
+
+
+def _sliced_backward(vocab_size, saved, g):
+    # One slice's logits at a time again, recomputed; the log-sum-exp is the
+    # forward pass's, and the unembedding's gradient is summed over slices in
+    # float32 and rounded once, at the end.
+    hidden, kernel, targets, weights, lse = saved
+
+    def slice_grads(kernel_grad, xs):
+        hidden_slice, target_slice, weight_slice, lse_slice = xs
+        logits = _logits(hidden_slice, kernel, vocab_size)
+        probs = jnp.exp(logits.astype(jnp.float32) - lse_slice[..., None])
+        hot = jax.nn.one_hot(target_slice, logits.shape[-1], dtype=jnp.float32)
+        logit_grad = ((probs - hot) * (g * weight_slice)[..., None]).astype(kernel.dtype)
+        hidden_grad = jnp.einsum("bpv,dv->bpd", logit_grad, kernel)
+        kernel_grad = kernel_grad + jnp.einsum("bpd,bpv->dv", hidden_slice, logit_grad,
+                                               preferred_element_type=jnp.float32)
+        target = jnp.take_along_axis(logits, target_slice[..., None], axis=-1)[..., 0].astype(jnp.float32)
+        return kernel_grad, (hidden_grad, (lse_slice - target) * g)
+
+    kernel_grad, (hidden_grad, weight_grad) = jax.lax.scan(
+        slice_grads, jnp.zeros(kernel.shape, jnp.float32), (hidden, targets, weights, lse))
+    target_grad = np.zeros(targets.shape, jax.dtypes.float0)
+    return hidden_grad, kernel_grad.astype(kernel.dtype), target_grad, weight_grad.astype(weights.dtype)
+
+
+_sliced_loss_sum.defvjp(_sliced_forward, _sliced_backward)
+
+
+def slice_positions(batch: int, length: int, chunk_tokens: int, batch_shards: int = 1) -> int:
+    """Positions of every sequence per loss slice: about ``chunk_tokens`` of one device's rows at a time.
+
+    A device holds ``batch / batch_shards`` rows, so a slice of p positions
+    forms p × rows_per_device logits rows on each device.
+    """
+    rows = max(1, batch // max(1, batch_shards))
+    return min(length, max(1, chunk_tokens // rows))
 
 
 def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str,
@@ -59,18 +147,25 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
 
     ``hidden`` [batch, length, width] are the final hidden states, ``kernel``
     [width, padded vocabulary] the unembedding (ids >= ``vocab_size`` are
-    padding and never predicted). The logits are formed for
-    ``max(1, chunk_tokens // batch)`` positions of every sequence at a time,
-    so at most about ``chunk_tokens`` × padded-vocabulary float32 logits are
-    alive, forward and backward; slicing the sequence rather than the batch
-    keeps each slice spread over the batch's shards. A batch of at most
-    ``chunk_tokens`` tokens is computed in one piece.
+    padding and never predicted). The kernel is cast to ``compute_dtype`` and
+    made whole over the fsdp axis here, once, before the slice loop, so the
+    loop reads the same gathered copy in every slice, forward and backward
+    (referenced only inside the loop, it was gathered again in every slice).
+    The logits are formed for ``slice_positions`` positions of every
+    sequence at a time, about ``chunk_tokens`` rows per device, in
+    ``compute_dtype``, with the log-sum-exp in float32; the backward pass
+    recomputes one slice's logits at a time and sums the kernel's gradient
+    in float32. Slicing the sequence rather than the batch keeps each slice
+    spread over the batch's shards. A device's rows of at most
+    ``chunk_tokens`` tokens are computed in one piece.
     """
+    dtype = _DTYPES[compute_dtype]
+    kernel = constrain(kernel.astype(dtype), (None, "vocab"))
+    hidden = hidden.astype(dtype)
     batch, length, _ = hidden.shape
-    sum_slice = functools.partial(_slice_loss_sum, vocab_size=vocab_size, compute_dtype=compute_dtype)
-    chunk = min(length, max(1, chunk_tokens // batch))
+    chunk = slice_positions(batch, length, chunk_tokens, activation_shards("batch", batch))
     if chunk == length:
-        return sum_slice(hidden, kernel, targets, weights)
+        return _slice_loss_sum(hidden, kernel, targets, weights, vocab_size)
     chunks = -(-length // chunk)
     padding = chunks * chunk - length  # extra positions carry weight 0
     if padding:
@@ -81,15 +176,7 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     def slices(array):  # [batch, chunks * chunk, ...] -> [chunks, batch, chunk, ...]
         return jnp.moveaxis(array.reshape(batch, chunks, chunk, *array.shape[2:]), 1, 0)
 
-    # Saving nothing, the backward pass recomputes one slice's logits at a time.
-    sum_slice = jax.checkpoint(sum_slice, prevent_cse=False)
-
-    def add_slice(total, xs):
-        hidden_slice, target_slice, weight_slice = xs
-        return total + sum_slice(hidden_slice, kernel, target_slice, weight_slice), None
-
-    total, _ = jax.lax.scan(add_slice, jnp.zeros((), jnp.float32), (slices(hidden), slices(targets), slices(weights)))
-    return total
+    return _sliced_loss_sum(slices(hidden), kernel, slices(targets), slices(weights), vocab_size)
 
 
 def label_cross_entropy_sums(hidden, kernel, targets, weights, label_ids: tuple[int, int], compute_dtype: str):

@@ -183,6 +183,33 @@ def constrain(x: jax.Array, logical_axes) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(logical_axes, x.shape, mesh, rules)))
 
 
+def active_mesh() -> Mesh | None:
+    """The mesh of the enclosing ``activation_sharding`` (None outside it)."""
+    active = _ACTIVATION_RULES.get()
+    return None if active is None else active[0]
+
+
+def activation_spec(logical_axes, shape) -> PartitionSpec:
+    """The ``PartitionSpec`` ``constrain`` gives an activation of ``shape``
+    (every dimension None outside ``activation_sharding``)."""
+    active = _ACTIVATION_RULES.get()
+    if active is None:
+        return PartitionSpec(*([None] * len(shape)))
+    return logical_to_spec(logical_axes, shape, active[0], active[1])
+
+
+def activation_shards(logical_axis: str, size: int) -> int:
+    """How many ways ``constrain`` splits a dimension of ``size`` named ``logical_axis`` (1 outside
+    ``activation_sharding``): e.g. ``activation_shards("batch", rows)`` is how many devices share the rows."""
+    active = _ACTIVATION_RULES.get()
+    if active is None:
+        return 1
+    mesh, rules = active
+    spec = logical_to_spec((logical_axis,), (size,), mesh, rules)[0]
+    axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    return math.prod(mesh.shape[axis] for axis in axes)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of a [batch, length] array: rows over data × fsdp."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))

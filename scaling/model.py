@@ -42,6 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from scaling.attention import attention
 from scaling.config import ModelConfig
 from scaling.mesh import constrain
 
@@ -180,16 +181,10 @@ class SelfAttention(nn.Module):
             return constrain(out.reshape(batch, length, heads, head_dim), ("batch", "length", "heads", "kv"))
 
         query, key, value = projection("query"), projection("key"), projection("value")
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
-        logits = logits * attention_logit_scale(cfg, length, input_mask)
-        allowed = jnp.ones((1, 1, length, length), dtype=bool)
-        if cfg.objective == "causal":
-            allowed = jnp.tril(allowed)
-        if input_mask is not None:
-            allowed = allowed & (input_mask[:, None, None, :] > 0)
-        logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-        mixed = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value), ("batch", "length", "heads", "kv"))
+        mixed = attention(query, key, value, attention_logit_scale(cfg, length, input_mask),
+                          causal=cfg.objective == "causal", input_mask=input_mask,
+                          implementation=cfg.attention_impl)
+        mixed = constrain(mixed, ("batch", "length", "heads", "kv"))
         # The output projection is scaled down with depth (GPT-2 style) so the
         # residual stream's variance does not grow with L.
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)

@@ -51,7 +51,7 @@ from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
 from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
-from scaling.flops import training_flops_per_token
+from scaling.flops import model_flops_utilization
 from scaling.loss import compute_loss, loss_and_grads
 from scaling.model import Transformer
 from scaling.track import Tracker, new_wandb_id
@@ -357,7 +357,6 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
     # Classification rows are padded to their split's longest string, not to seq_len.
     row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
     tokens_per_step = config.batch_size * row_length
-    flops_per_token = training_flops_per_token(config.model, row_length).total
     # A resume at the last step trains nothing: its training loss is the one logged before.
     pending, status, last_loss, eval_loss = [], "finished", tracker.pending(start_step).get("loss"), None
     window_start, window_steps = time.perf_counter(), 0
@@ -385,7 +384,8 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
                 last_loss = float(fetched[-1]["loss"])
                 tracker.log(done, {"loss": last_loss, "grad_norm": float(fetched[-1]["grad_norm"]),
                                    "lr": float(fetched[-1]["lr"]), "tokens_per_second": speed,
-                                   "mfu": speed * flops_per_token / (config.peak_flops * jax.device_count()),
+                                   "mfu": model_flops_utilization(config.model, row_length, speed, config.peak_flops,
+                                                                  jax.device_count()),
                                    "tokens": done * tokens_per_step})
                 pending, window_start, window_steps = [], time.perf_counter(), 0
             if config.eval_every and done % config.eval_every == 0 and done != config.steps:

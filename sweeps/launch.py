@@ -4,7 +4,7 @@
     python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--json]
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
-    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--json]
+    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--jobs N] [--remat-search] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
     python -m sweeps.launch sky       SWEEP_FILE --workdir gs://... --accelerator TYPE [--shares N] [--spot] [--dry-run]
 
@@ -373,6 +373,10 @@ def cmd_preflight(sweep: Sweep, args) -> int:
 
     runs, _ = sweep.expand()
     mine, _ = _my_runs(runs, args.shard, args)
+    if args.jobs is None:
+        args.jobs = preflight.default_jobs()
+    elif args.jobs < 1:
+        raise LauncherError(f"--jobs {args.jobs}: allowed an integer >= 1")
     return preflight.main(sweep, args, runs=mine)
 
 
@@ -445,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
                                   "trains it by default")
             sub.add_argument("--pod-wide", action="store_true",
                              help="check each run on the whole slice, as `run --pod-wide` trains it")
+            sub.add_argument("--jobs", type=int, default=None, metavar="N",
+                             help="compile the distinct programs in N processes (default: as memory and cores "
+                                  "allow, at most 4)")
+            sub.add_argument("--remat-search", action="store_true",
+                             help="for each run that fits, also compile the cheaper remat policies (none < dots "
+                                  "< full) and report the cheapest that fits (up to 2 more compiles a run)")
     hosts_help = "where this process runs: mode, share, TPU/GPU variables, jax.distributed (JAX not started)"
     sub = commands.add_parser("hosts", help=hosts_help, description=hosts_help + ". " + HOSTS_EPILOG)
     sub.set_defaults(function=cmd_hosts)

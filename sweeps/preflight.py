@@ -23,23 +23,26 @@ What is reported per run, and where each number comes from:
 - ``fits``: those bytes are at most ``FIT_FRACTION`` of the chip's HBM. The
   5% margin covers what the runtime keeps for itself (libtpu reports 15.75 of
   16 GiB usable on v5e), the program code, and fragmentation.
-- ``flops``, ``hbm_bytes_accessed`` (``cost_analysis()``) and
-  ``collective_bytes`` (ICI bytes sent, read from the compiled HLO by
-  ``sweeps.roofline.collective_traffic``), all per chip per step. The
-  compiler counts a loop body once, so for scanned layers we compile the run
-  unrolled at depths 1 and 2 and extrapolate linearly in depth, and for the
-  sliced cross-entropy once more with half-size slices
-  (``roofline.whole_step_costs``); those compiles are shared by every run of
-  the same width.
-- ``estimated_step_seconds``: the roofline of ``sweeps.roofline``,
-  max(FLOPs / peak, HBM bytes / bandwidth) + ICI bytes / bandwidth, with
-  ``bound`` naming the term that dominates (``compute_seconds``,
-  ``memory_seconds``, ``collective_seconds``).
-- ``estimated_mfu``: model FLOPs per step / (step seconds · chips · peak),
-  the model FLOPs being ``scaling.flops.training_flops_per_token`` ×
-  tokens_per_step, the count the trainer's own MFU uses;
-  ``mfu_upper_bound`` is the same with FLOPs / peak as the step time.
-The summary gives chip-hours and wall time of the whole sweep on the slice.
+- ``flops`` (compiled, remat's recomputation included), ``hbm_bytes_accessed``
+  and ``collective_bytes`` (ICI bytes sent), all per chip per step, summed
+  over the compiled HLO by ``sweeps.hlo_cost`` with every while loop counted
+  its trip count times (``loops_counted``). A loop it cannot count
+  (``loops_uncounted`` > 0) or a kernel it cannot price
+  (``kernels_uncounted``) makes every figure below None ("unknown" in the
+  table), never a guess. Pallas kernels carry no cost in the HLO: the
+  attention kernels are counted analytically (``kernels_analytic``).
+- ``estimated_step_seconds``: the roofline of ``sweeps.roofline`` (per-op
+  max(FLOPs / peak, bytes / bandwidth), collectives on the links of their
+  mesh axis, overlapped as the compiled schedule allows), with ``bound``
+  naming what dominates: ``compute_seconds`` or ``memory_seconds`` (ops
+  bound by FLOPs or by HBM bytes) or ``exposed_collective_seconds``.
+- ``estimated_mfu``: ``scaling.flops.model_flops_utilization``, the
+  trainer's own MFU, at the estimated step time: model FLOPs, not compiled
+  ones; ``mfu_upper_bound`` is the same with compiled FLOPs / peak as the
+  step time (every op at peak, nothing else).
+- ``remat_suggestion`` (``--remat-search``): the cheapest rematerialisation
+  policy (none < dots < full) that fits, found by compiling the cheaper ones.
+The summary gives chip-hours, wall time and the runs' uncounted loops.
 """
 
 from __future__ import annotations
@@ -59,11 +62,12 @@ import numpy as np
 
 from scaling import budget, mesh as mesh_lib, train
 from scaling.config import TrainConfig, to_dict
-from scaling.flops import training_flops_per_token
-from sweeps import roofline
+from scaling.flops import model_flops_utilization
+from sweeps import kernels, roofline
+from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
+from sweeps.preflight_table import format_table  # noqa: F401 - part of this module's API
 from sweeps.roofline import CHIPS, GIB, Chip  # noqa: F401 - the chip table is part of this module's API
 
-FIT_FRACTION = 0.95
 CHIPS_PER_HOST = 4  # every host of a multi-host v4, v5e, v5p or v6e slice
 
 
@@ -162,6 +166,11 @@ def _shard_bytes(tree) -> int:
     return total
 
 
+def parameter_count(program) -> int:
+    """Parameters of a built program's model (embeddings, padding ids and norms included)."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(program.abstract_state["params"]))
+
+
 def _full_bytes(tree) -> int:
     """Bytes of every ShapeDtypeStruct in ``tree`` unsharded (the whole model state)."""
     return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree_util.tree_leaves(tree))
@@ -200,71 +209,35 @@ def _masking(config: TrainConfig) -> dict:
     return {}
 
 
-def _whole_step_costs(config: TrainConfig, mesh, compiled) -> dict:
-    """Per-chip flops, HBM bytes and collective bytes of one whole train step (``roofline.whole_step_costs``)."""
-    return roofline.whole_step_costs(config, mesh, compiled, _compile)
-
-
-@dataclasses.dataclass(frozen=True)
-class Footprint:
-    """Where one chip's HBM goes, in bytes: the state shard, the whole state, and the temporaries."""
-
-    state_per_chip: int  # parameters + optimizer state + batch held by one chip
-    state_total: int  # the same, unsharded
-    temporaries: int | None  # activations and scratch the compiler plans (None: unknown)
-
-
-def suggest(config: TrainConfig, mesh, footprint: Footprint, hbm_bytes: int) -> str:
-    """What to change for a run that does not fit one chip's ``hbm_bytes``: more fsdp, remat, or a smaller batch.
-
-    The larger of state and temporaries is addressed; both are when each
-    alone overflows. State that fsdp should have sharded but did not (a width
-    the fsdp axis does not divide stays whole on every chip) gets the fsdp
-    size that does divide it.
-    """
-    state, temporaries = footprint.state_per_chip, footprint.temporaries
-    devices, fsdp, tensor = mesh.devices.size, mesh.shape["fsdp"], mesh.shape["tensor"]
-    width = config.model.width
-    activations_dominate = temporaries is not None and temporaries > state
-    fixes = []
-    if state > FIT_FRACTION * hbm_bytes or not activations_dominate:
-        dividing = math.gcd(width, devices // tensor)  # largest fsdp that divides the width and the chips
-        what = f"parameters and optimizer state take {state / GIB:.1f} GiB per chip"
-        if fsdp > 1 and state > 1.5 * footprint.state_total / fsdp:
-            fixes.append(f"{what}, mostly unsharded: fsdp={fsdp} does not divide width {width}, so those "
-                         f"dimensions stay whole; use mesh.fsdp={dividing} mesh.data={devices // tensor // dividing}"
-                         f" or a width that is a multiple of {fsdp}")
-        elif dividing > fsdp:
-            fixes.append(f"{what}: shard them over more chips with mesh.fsdp={dividing} "
-                         f"mesh.data={devices // tensor // dividing} (now fsdp={fsdp})")
-        else:
-            fixes.append(f"{what} with fsdp={fsdp}: use a larger slice")
-    if activations_dominate:
-        if config.model.remat == "none":
-            fixes.append(f"activations take {temporaries / GIB:.1f} GiB per chip: recompute them in the "
-                         f"backward pass with model.remat=full (or dots)")
-        else:
-            per_chip = config.batch_size / mesh_lib.batch_axes_size(mesh)
-            fixes.append(f"activations take {temporaries / GIB:.1f} GiB per chip even with remat="
-                         f"{config.model.remat}: lower the per-chip batch ({per_chip:g} sequences now; halve "
-                         f"batch_size or use a larger slice)")
-    return "; and ".join(fixes)
-
-
-def check_run(name: str, config: TrainConfig, topology: Topology, devices: list) -> dict:
+def check_run(name: str, config: TrainConfig, topology: Topology, devices: list, remat_search: bool = False) -> dict:
     """Compile one run's train step for the slice and report memory, FLOPs, speed, and PASS/FAIL.
 
     Returns a JSON-ready dict (bytes per device, FLOPs per device per step,
     seconds per step); a compile error becomes a FAIL row with the error,
-    never an exception.
+    never an exception. With ``remat_search``, a run that fits also gets
+    ``remat_suggestion``: the cheapest policy that fits (``advice.cheapest_remat``).
     """
+    row = _check_one(name, config, topology, devices)
+    if remat_search and row["fits"]:
+        found = cheapest_remat(config, lambda candidate: _check_one(name, candidate, topology, devices))
+        chosen = found["row"] if found else row
+        row["remat_suggestion"] = {"remat": found["remat"] if found else config.model.remat,
+                                   **{key: chosen[key] for key in ("hbm_bytes_per_device", "estimated_step_seconds",
+                                                                   "estimated_mfu", "bound")}}
+    return row
+
+
+def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list) -> dict:
     chip = topology.chip
     row = {"name": name, "topology": topology.name, "chips": len(devices), "status": "FAIL", "fits": False,
            "hbm_bytes_per_device": None, "hbm_capacity_bytes": chip.hbm_bytes, "compiler_peak_bytes": None,
            "argument_bytes": None, "temporary_bytes": None, "flops": None, "hbm_bytes_accessed": None,
            "collective_bytes": None, "estimated_step_seconds": None, "bound": None, "compute_seconds": None,
-           "memory_seconds": None, "collective_seconds": None, "estimated_mfu": None, "mfu_upper_bound": None,
-           "compile_seconds": None,
+           "memory_seconds": None, "collective_seconds": None, "exposed_collective_seconds": None,
+           "estimated_mfu": None, "mfu_upper_bound": None, "loops_counted": None, "loops_uncounted": None,
+           "kernels_analytic": None, "kernels_uncounted": None, "collectives": None, "compile_seconds": None,
+           "remat": config.model.remat, "attention_impl": config.model.attention_impl, "remat_suggestion": None,
+           "parameters": None,
            "tokens_per_step": config.batch_size * config.data.seq_len,
            "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
            "suggestion": None, "error": None}
@@ -277,6 +250,7 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list)
         row["error"] = _one_line(error)
         return row
     batch = train.batch_spec(config, mesh)
+    row["parameters"] = parameter_count(program)
     state_per_chip = _shard_bytes(program.abstract_state) + _shard_bytes(batch)
     state_total = _full_bytes(program.abstract_state) + _full_bytes(batch)
 
@@ -308,22 +282,40 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list)
         row["suggestion"] = suggest(config, mesh, footprint, chip.hbm_bytes)
 
     try:
-        costs = _whole_step_costs(config, mesh, compiled)
+        estimate = step_estimate(config, mesh, compiled, chip)
     except Exception as error:  # noqa: BLE001 - the cost estimate is a bonus; the fit verdict stands
         row["error"] = f"cost estimate unavailable: {_one_line(error)}"
         return row
-    row.update(flops=costs["flops"], hbm_bytes_accessed=costs["hbm_bytes"], collective_bytes=costs["collective_bytes"])
-    if costs["flops"] is None:
-        return row
-    estimate = roofline.estimate_step(chip, costs["flops"], costs["hbm_bytes"], costs["collective_bytes"])
-    model_flops = training_flops_per_token(config.model, config.data.seq_len).total * row["tokens_per_step"]
-    row.update(estimated_step_seconds=estimate.step_seconds, bound=estimate.bound,
-               compute_seconds=estimate.compute_seconds, memory_seconds=estimate.memory_seconds,
-               collective_seconds=estimate.collective_seconds,
-               estimated_mfu=roofline.model_flops_utilization(model_flops, estimate.step_seconds, len(devices), chip),
-               mfu_upper_bound=roofline.model_flops_utilization(model_flops, estimate.compute_seconds, len(devices),
-                                                                 chip))
+    row.update(estimate_fields(config, estimate, len(devices), chip))
     return row
+
+
+def step_estimate(config: TrainConfig, mesh, compiled, chip: Chip) -> roofline.StepEstimate:
+    """The roofline of one compiled train step on ``mesh`` (attention kernels priced by ``sweeps.kernels``)."""
+    return roofline.step_estimate(compiled.as_text(), chip, mesh.devices.flat, kernels.kernel_cost(config.model))
+
+
+def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips: int, chip: Chip) -> dict:
+    """A row's cost fields from a ``StepEstimate``: None wherever a loop or kernel went uncounted."""
+    tokens = config.batch_size * config.data.seq_len
+
+    def mfu(seconds):
+        if not seconds:
+            return None
+        return model_flops_utilization(config.model, config.data.seq_len, tokens / seconds, chip.peak_flops, chips)
+
+    return {"flops": estimate.flops, "hbm_bytes_accessed": estimate.hbm_bytes,
+            "collective_bytes": estimate.collective_bytes, "estimated_step_seconds": estimate.step_seconds,
+            "bound": estimate.bound, "compute_seconds": estimate.compute_seconds,
+            "memory_seconds": estimate.memory_seconds, "collective_seconds": estimate.collective_seconds,
+            "exposed_collective_seconds": estimate.exposed_collective_seconds,
+            "estimated_mfu": mfu(estimate.step_seconds),
+            "mfu_upper_bound": mfu(estimate.flops / chip.peak_flops if estimate.flops else None),
+            "loops_counted": estimate.loops_counted, "loops_uncounted": estimate.loops_uncounted,
+            "kernels_analytic": {name: calls for name, (calls, _) in estimate.kernels.items()},
+            "kernels_uncounted": estimate.kernels_uncounted,
+            "collectives": {kind: {"count": c, "buffer_bytes": b, "bytes_sent": s, "seconds": t}
+                            for kind, (c, b, s, t) in estimate.collectives.items()}}
 
 
 # ---------------------------------------------------------------------------
@@ -346,89 +338,121 @@ def _seedless(config: TrainConfig) -> str:
     return json.dumps(fields, sort_keys=True)
 
 
-def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False) -> list[dict]:
+def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, jobs: int = 1,
+               remat_search: bool = False) -> list[dict]:
     """Preflight ``runs`` (pairs of name and TrainConfig) for the slice ``topology_name``; one row per run.
 
     Each run is compiled for the mesh it will train on (``checked_topology``);
-    runs that differ only in seed are compiled once and share the row.
+    runs that differ only in seed are compiled once and share the row. With
+    ``jobs`` > 1 the distinct programs are compiled in that many processes.
     """
     if not os.environ.get("JAX_PLATFORMS"):
         # Host-side work needs only the CPU; never claim (or wait for) a local TPU.
         jax.config.update("jax_platforms", "cpu")
     slice_topology = parse_topology(topology_name)
     topology = checked_topology(slice_topology, pod_wide)
-    devices = topology_devices(topology)
-    rows, done = [], {}
+    where = f"{topology.name} ({topology.chips} chips" + (
+        f", one host of {slice_topology.name})" if topology != slice_topology else ")")
+    first: dict[str, tuple[str, TrainConfig]] = {}
     for name, config in runs:
-        key = _seedless(config)
-        if key in done:
-            rows.append(dict(done[key], name=name, same_program_as=done[key]["name"]))
-            continue
-        if progress is not None:
-            progress(f"compiling {name} for {topology.name} ({len(devices)} chips"
-                     + (f", one host of {slice_topology.name})" if topology != slice_topology else ")") + " ...")
-        done[key] = check_run(name, config, topology, devices)
-        rows.append(done[key])
+        first.setdefault(_seedless(config), (name, config))
+    done: dict[str, dict] = {}
+    if jobs > 1 and len(first) > 1:
+        done = _check_in_processes(first, topology.name, jobs, remat_search, progress, where)
+    else:
+        devices = topology_devices(topology)
+        for key, (name, config) in first.items():
+            if progress is not None:
+                progress(f"compiling {name} for {where} ...")
+            done[key] = check_run(name, config, topology, devices, remat_search)
+    rows = []
+    for name, config in runs:
+        row = done[_seedless(config)]
+        rows.append(row if row["name"] == name else dict(row, name=name, same_program_as=row["name"]))
     return rows
 
 
+_WORKER_DEVICES: dict = {}
+
+
+def _check_in_worker(name: str, config: TrainConfig, topology_name: str, remat_search: bool) -> dict:
+    # One compile in a worker process; its compile-only devices are made once per process.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    topology = parse_topology(topology_name)
+    if topology_name not in _WORKER_DEVICES:
+        _WORKER_DEVICES[topology_name] = topology_devices(topology)
+    return check_run(name, config, topology, _WORKER_DEVICES[topology_name], remat_search)
+
+
+def _check_in_processes(programs: dict, topology_name: str, jobs: int, remat_search: bool, progress,
+                        where: str) -> dict:
+    """``check_run`` of each distinct program in ``jobs`` spawned processes (each compile is mostly one thread)."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # JAX's threads do not survive fork
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {pool.submit(_check_in_worker, name, config, topology_name, remat_search): key
+                   for key, (name, config) in programs.items()}
+        if progress is not None:
+            progress(f"compiling {len(futures)} programs for {where} in {jobs} processes ...")
+        done = {}
+        for future in concurrent.futures.as_completed(futures):
+            done[futures[future]] = row = future.result()
+            if progress is not None:
+                progress(f"  {row['name']}: {row['status']} ({row['compile_seconds']} s)")
+    return done
+
+
+def default_jobs() -> int:
+    """Compile processes the machine can take: one per two cores' worth of memory (4 GiB each), at most 4."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 8 * GIB
+    return max(1, min(4, os.cpu_count() or 1, int(memory // (4 * GIB))))
+
+
 def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = False) -> dict:
-    """Chip-hours and wall time (``roofline.sweep_time``) of the ``runs`` (``RunSpec``s, one per row) that fit."""
+    """Chip-hours and wall time (``roofline.sweep_time``) of the ``runs`` (``RunSpec``s, one per row) that fit.
+
+    Runs that fit but whose step time is unknown (a loop or kernel the
+    roofline could not count) make the hours unknown (None): they are
+    counted in ``runs_unknown`` and their loops in ``loops_uncounted``.
+    """
     slice_topology = parse_topology(topology_name)
     topology = checked_topology(slice_topology, pod_wide)
     parallel = 1 if topology == slice_topology else slice_topology.hosts
     step_seconds = {run.run_id: row["estimated_step_seconds"] for run, row in zip(runs, rows) if row["fits"]}
     mode = "host-parallel" if parallel > 1 else ("pod-wide" if slice_topology.hosts > 1 else "single host")
+    distinct = [row for row in rows if not row.get("same_program_as")]
+    unknown = sum(1 for row in rows if row["fits"] and row.get("estimated_step_seconds") is None)
+    hours = roofline.sweep_time(step_seconds, runs, topology.chips, parallel)
+    if unknown:
+        hours.update(chip_hours=None, wall_hours=None)
     return {"topology": slice_topology.name, "checked_topology": topology.name, "mode": mode,
-            "runs": len(rows), "runs_failing": sum(not row["fits"] for row in rows),
-            **roofline.sweep_time(step_seconds, runs, topology.chips, parallel)}
+            "runs": len(rows), "runs_failing": sum(not row["fits"] for row in rows), "runs_unknown": unknown,
+            "loops_counted": sum(row.get("loops_counted") or 0 for row in distinct),
+            "loops_uncounted": sum(row.get("loops_uncounted") or 0 for row in distinct),
+            "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours}
 
 
-def _gib(value) -> str:
-    return "-" if value is None else f"{value / GIB:.2f}"
-
-
-def _cell(value, form: str) -> str:
-    return "-" if value is None else format(value, form)
-
-
-def format_table(rows: list[dict], summary: dict | None = None) -> str:
-    """A plain-text table of preflight rows (GiB per chip, TFLOP and GB per chip per step, seconds), then notes."""
-    header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "ICI GB/chip", "step s", "bound", "MFU est",
-              "MFU max", "compile s", "result")
-    lines = [header]
-    for row in rows:
-        lines.append((row["name"], _gib(row["hbm_bytes_per_device"]), _gib(row["hbm_capacity_bytes"]),
-                      "yes" if row["fits"] else "no",
-                      _cell(row["flops"] and row["flops"] / 1e12, ".3g"),
-                      _cell(row["collective_bytes"] and row["collective_bytes"] / 1e9, ".3g"),
-                      _cell(row["estimated_step_seconds"], ".3g"), row["bound"] or "-",
-                      _cell(row["estimated_mfu"], ".1%"), _cell(row["mfu_upper_bound"], ".1%"),
-                      "same as " + row["same_program_as"] if row.get("same_program_as") else
-                      _cell(row["compile_seconds"], ".1f"), row["status"]))
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
-    text = ["  ".join(str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
-                      for i, (cell, width) in enumerate(zip(line, widths))) for line in lines]
-    for row in rows:
-        if row["status"] == "FAIL" and not row.get("same_program_as"):
-            text.append(f"{row['name']}: {row['suggestion'] or row['error']}")
-    text.append("step s = max(FLOPs / peak, HBM bytes / HBM bandwidth) + ICI bytes / ICI bandwidth "
-                "(sweeps/roofline.py); MFU max takes FLOPs / peak alone as the step time")
-    if summary:
-        text.append(f"sweep on {summary['topology']} ({summary['mode']}, each run on {summary['checked_topology']}): "
-                    f"{summary['runs_estimated']} of {summary['runs']} runs estimated, "
-                    f"{summary['chip_hours']:.1f} chip-hours, {summary['wall_hours']:.1f} h wall "
-                    f"({summary['in_parallel']} in parallel; training steps only)")
-    return "\n".join(text)
+def _median(values: list):
+    known = sorted(value for value in values if value is not None)
+    if not known or len(known) < len(values):
+        return None
+    middle = len(known) // 2
+    return known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
 
 
 def main(sweep, args, runs=None) -> int:
     """Entry point behind ``python -m sweeps.launch preflight``: 0 if every run passes, 1 if any fails, 2 on bad input.
 
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
-    ``{"runs": [rows], "summary": {...}}`` instead of the table) and
-    ``pod_wide``. ``runs`` (``RunSpec``s; default: the whole sweep) are the
-    runs to check, e.g. after ``--only``.
+    ``{"runs": [rows], "summary": {...}}`` instead of the table),
+    ``pod_wide``, ``jobs`` (compile processes) and ``remat_search``.
+    ``runs`` (``RunSpec``s; default: the whole sweep) are the runs to check,
+    e.g. after ``--only``.
     """
     try:  # a bad topology is reported first: it is wrong whatever is installed
         topology = parse_topology(args.topology)
@@ -441,9 +465,14 @@ def main(sweep, args, runs=None) -> int:
         return 2
     runs = sweep.expand().runs if runs is None else runs
     pod_wide = getattr(args, "pod_wide", False)
-    rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide,
+    jobs = getattr(args, "jobs", None) or 1
+    started = time.perf_counter()
+    rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide, jobs=jobs,
+                      remat_search=getattr(args, "remat_search", False),
                       progress=lambda text: print(text, file=sys.stderr, flush=True))
     summary = sweep_summary(rows, runs, topology.name, pod_wide)
+    summary["preflight_seconds"] = round(time.perf_counter() - started, 1)
+    summary["jobs"] = jobs
     if getattr(args, "json", False):
         print(json.dumps({"runs": rows, "summary": summary}, indent=2))
     else:

@@ -17,7 +17,8 @@ import pytest
 
 from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
-from sweeps import launch, preflight, roofline
+from sweeps import launch, preflight
+from sweeps.spec import Sweep
 
 # The suite shares one persistent compilation cache (tests/conftest.py). JAX cannot load a
 # TPU executable that was compiled ahead of time, without a TPU attached, back from that
@@ -101,7 +102,9 @@ def test_small_run_passes_with_memory_and_whole_step_flops(small_row):
         + 12 * model.depth * config.data.seq_len * model.width * tokens
     assert layer_flops / 4 <= row["flops"] <= 2 * everything / 4
     assert row["estimated_step_seconds"] > 0
-    assert 0 < row["estimated_mfu"] <= 1
+    assert 0 < row["estimated_mfu"] <= row["mfu_upper_bound"] <= 1
+    # The scanned layers forward and backward, all counted from their TPU loop conditions.
+    assert row["loops_counted"] >= 2 and row["loops_uncounted"] == 0 and row["kernels_uncounted"] == []
 
 
 def test_scanned_costs_match_an_unrolled_compile(small_row, devices):
@@ -117,14 +120,28 @@ def test_scanned_costs_match_an_unrolled_compile(small_row, devices):
 
 
 def test_sliced_loss_costs_count_every_slice(devices):
-    # 4 slices of 16 positions: the compiler counts the slice loop's body
-    # once; the correction must give what one unsliced loss gives, plus the
-    # slices' logits recomputed in the backward pass (a forward unembedding).
+    # 2 rows per chip, 64 tokens a slice: 2 slices of 32 positions. The compiler
+    # counts the slice loop's body once; counted by its trip count, the step
+    # costs what one unsliced loss costs, plus the slices' logits recomputed in
+    # the backward pass (a forward unembedding).
     base = small(batch_size=8)
-    sliced = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_chunk_tokens=128))
-    whole = check("whole", base, devices)["flops"]
-    corrected = check("sliced", sliced, devices)["flops"]
-    assert whole <= corrected <= 1.08 * whole
+    sliced = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_chunk_tokens=64))
+    whole = check("whole", base, devices)
+    corrected = check("sliced", sliced, devices)
+    assert corrected["loops_counted"] == whole["loops_counted"] + 2  # the slice loop, forward and backward
+    assert whole["flops"] <= corrected["flops"] <= 1.08 * whole["flops"]
+
+
+def test_flash_attention_compiles_for_tpu_and_its_kernels_are_counted(devices):
+    # Splash attention is a Pallas kernel: a custom call the compiler gives no cost, priced analytically.
+    base = TrainConfig(model=ModelConfig(depth=2, width=128, head_dim=64, max_seq_len=128, compute_dtype="bfloat16"),
+                       data=DataConfig(seq_len=128), batch_size=8)
+    flash = dataclasses.replace(base, model=dataclasses.replace(base.model, attention_impl="flash"))
+    xla_row, flash_row = check("xla", base, devices), check("flash", flash, devices)
+    assert flash_row["status"] == "PASS" and flash_row["kernels_uncounted"] == []
+    assert set(flash_row["kernels_analytic"]) == {"splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"}
+    # One 128-block: the kernel computes every score, as XLA does; the same FLOPs within the softmax's share.
+    assert flash_row["flops"] == pytest.approx(xla_row["flops"], rel=0.1)
 
 
 def test_oversized_run_without_fsdp_does_not_fit(devices):
@@ -185,7 +202,8 @@ def cli_run(tmp_path_factory):
     path = write_sweep(tmp_path_factory.mktemp("sweep"), (1, 48), {1: (64,), 48: (8192,)})
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = launch.main(["preflight", path, "--topology", TOPOLOGY, "--json"])
+        # Two programs in two processes: the parallel path, as the default takes it on a machine with 2 cores.
+        code = launch.main(["preflight", path, "--topology", TOPOLOGY, "--json", "--jobs", "2"])
     return code, json.loads(out.getvalue())
 
 
@@ -249,7 +267,7 @@ def test_host_parallel_runs_are_checked_on_one_hosts_chips(slice_name, one_host)
     assert preflight.checked_topology(topology, pod_wide=True).name == slice_name
 
 
-def fake_row(name, config, topology, devices):
+def fake_row(name, config, topology, devices, remat_search=False):
     return {"name": name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
             "checked": (topology.name, len(devices))}
 
@@ -262,7 +280,8 @@ def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, mon
     path = tmp_path / "seeds.py"
     path.write_text(SWEEP_FILE.format(depths=(1, 2), widths={1: (64,), 2: (64,)}).replace(
         'widths={1: (64,), 2: (64,)})', 'widths={1: (64,), 2: (64,)}, seeds=(0, 1, 2))'))
-    assert launch.main(["preflight", str(path), "--topology", "v5e:4x4", "--only", "L1-*", "--json"]) == 0
+    command = ["preflight", str(path), "--topology", "v5e:4x4", "--json", "--jobs", "1"]
+    assert launch.main(command + ["--only", "L1-*"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert checked == ["L1-d64-s0"]  # three seeds, one compile
     assert [row["name"] for row in report["runs"]] == ["L1-d64-s0", "L1-d64-s1", "L1-d64-s2"]
@@ -274,24 +293,45 @@ def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, mon
     assert summary["chip_hours"] == pytest.approx(3 * steps * 0.5 * 4 / 3600)
     assert summary["wall_hours"] == pytest.approx(steps * 0.5 / 3600)  # one run per host
     checked.clear()
-    assert launch.main(["preflight", str(path), "--topology", "v5e:4x4", "--pod-wide", "--json"]) == 0
+    assert launch.main(command + ["--pod-wide"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert checked == ["L1-d64-s0", "L2-d64-s0"]
     assert {tuple(row["checked"]) for row in report["runs"]} == {("v5e:4x4", 16)}
     assert report["summary"]["wall_hours"] == pytest.approx(6 * steps * 0.5 / 3600)
 
 
-def test_depth_one_and_two_compiles_are_shared_by_every_depth_of_a_width(monkeypatch, eight_devices):
-    compiled = []
-    monkeypatch.setattr(roofline, "_SHALLOW_COSTS", {})
-    monkeypatch.setattr(preflight, "_compile", lambda config, mesh: compiled.append(config.model.depth) or config)
-    monkeypatch.setattr(roofline, "compiled_costs", lambda config, chips: {
-        "flops": 5.0 + 10 * config.model.depth, "hbm_bytes": None, "collective_bytes": 2.0 * config.model.depth})
-    mesh = preflight.mesh_lib.make_mesh(MeshConfig(data=4, fsdp=2), eight_devices)
-    for depth, seed in ((3, 0), (5, 1), (7, 2)):
-        config = dataclasses.replace(small(depth=depth), seed=seed)
-        costs = preflight._whole_step_costs(config, mesh, None)
-        assert costs == {"flops": 5.0 + 10 * depth, "hbm_bytes": None, "collective_bytes": 2.0 * depth}
-    assert compiled == [1, 2]  # once for the width, not per depth or seed
-    preflight._whole_step_costs(small(depth=3, width=128), mesh, None)
-    assert compiled == [1, 2, 1, 2]
+def test_a_run_with_an_uncounted_loop_reads_unknown_in_the_table_and_the_hours(tmp_path):
+    runs = Sweep(name="u", base=small(), depths=(1, 2), widths={1: (64,), 2: (64,)}).expand().runs
+    counted = {"name": runs[0].name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
+               "loops_counted": 2, "loops_uncounted": 0}
+    uncounted = dict(counted, name=runs[1].name, estimated_step_seconds=None, loops_counted=1, loops_uncounted=1)
+    rows = []
+    for row in (counted, uncounted):
+        full = {key: None for key in ("hbm_bytes_per_device", "hbm_capacity_bytes", "flops", "collective_bytes",
+                                      "bound", "estimated_mfu", "mfu_upper_bound", "compile_seconds")}
+        rows.append({**full, **row})
+    summary = preflight.sweep_summary(rows, runs, "v5e:2x2")
+    assert summary["runs_unknown"] == 1 and summary["loops_uncounted"] == 1 and summary["loops_counted"] == 3
+    assert summary["chip_hours"] is None and summary["wall_hours"] is None  # never a number that leaves a run out
+    table = preflight.format_table(rows, summary)
+    line = next(line for line in table.splitlines() if line.startswith(runs[1].name))
+    assert "unknown" in line and "1 (1 not)" in line
+    assert "unknown chip-hours" in table
+
+
+def test_the_cheapest_remat_policy_that_fits_is_found_cheapest_first():
+    tried = []
+
+    def fits_from(fitting):
+        def fits(candidate):
+            tried.append(candidate.model.remat)
+            return {"fits": candidate.model.remat in fitting}
+        return fits
+
+    config = dataclasses.replace(small(), model=dataclasses.replace(small().model, remat="full"))
+    assert preflight.cheapest_remat(config, fits_from({"dots", "full"}))["remat"] == "dots"
+    assert tried == ["none", "dots"]
+    assert preflight.cheapest_remat(config, fits_from({"full"})) is None  # nothing cheaper fits: keep full
+    tried.clear()
+    none = dataclasses.replace(config, model=dataclasses.replace(config.model, remat="none"))
+    assert preflight.cheapest_remat(none, fits_from({"none"})) is None and tried == []  # already the cheapest

@@ -1,10 +1,14 @@
 """The roofline: collective bytes read from compiled HLO, the step-time arithmetic, the sweep's hours.
 
 Needs no libtpu: CPU programs are compiled on the 8 fake devices of
-``conftest.py``, and a TPU program's collectives come from a saved excerpt of
-one of our own compiles (``fixtures/tpu_v5e_collectives.hlo``).
+``conftest.py``, and TPU programs come from saved compiles: an excerpt of a
+train step's collectives (``fixtures/tpu_v5e_collectives.hlo``) and nested
+scans with known trip counts (``fixtures/tpu_v5e_nested_scan*.hlo``, written
+by ``fixtures/make_tpu_loop_fixtures.py``).
 """
 
+import re
+import types
 from pathlib import Path
 
 import jax
@@ -13,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sweeps import roofline
+from sweeps import hlo, hlo_cost, roofline
 from sweeps.spec import Sweep
 from scaling.config import DataConfig, ModelConfig, TrainConfig
 
@@ -75,20 +79,44 @@ def test_tpu_collectives_in_async_fusions_and_reduce_scatter_fusions():
     ("channel_id=1", 16),  # no groups: every chip
 ])
 def test_group_sizes(text, size):
-    assert roofline._group_size(text, 16) == size
+    assert len(hlo_cost.replica_group(text, 16)) == size
 
 
-def test_roofline_adds_collectives_to_the_slower_of_compute_and_memory():
+def test_step_model_prices_each_op_and_overlaps_async_collectives_with_the_ops_between():
     chip = roofline.CHIPS["v5e"]
-    compute_bound = roofline.estimate_step(chip, flops=197e12, hbm_bytes=819e9 / 2, ici_bytes=200e9 / 4)
-    assert compute_bound.step_seconds == pytest.approx(1.25) and compute_bound.bound == "compute"
-    memory_bound = roofline.estimate_step(chip, flops=197e12 / 10, hbm_bytes=819e9, ici_bytes=0.0)
-    assert memory_bound.step_seconds == pytest.approx(1.0) and memory_bound.bound == "memory"
-    talk_bound = roofline.estimate_step(chip, flops=197e12 / 10, hbm_bytes=None, ici_bytes=400e9)
-    assert talk_bound.step_seconds == pytest.approx(2.1) and talk_bound.bound == "collectives"
-    assert talk_bound.memory_seconds is None
-    # 4 chips for 2 s at 25% of peak: a quarter of 2 s · 4 · peak.
-    assert roofline.model_flops_utilization(2 * 4 * 197e12 / 4, 2.0, 4, chip) == pytest.approx(0.25)
+    machine = roofline.machine(chip)
+    text = "\n".join([
+        "HloModule m, is_scheduled=true",
+        "ENTRY %main (p: bf16[1024,1024], q: bf16[1024,1024]) -> bf16[4096,1024] {",
+        "  %p = bf16[1024,1024]{1,0} parameter(0)",
+        "  %q = bf16[1024,1024]{1,0} parameter(1)",
+        "  %ag = (bf16[1024,1024]{1,0}, bf16[4096,1024]{1,0}) all-gather-start(%p), channel_id=1, "
+        "replica_groups=[1,4]<=[4], dimensions={0}",
+        "  %d = bf16[1024,1024]{1,0} dot(%p, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "  %e = bf16[1024,1024]{1,0} add(%d, %q)",
+        "  ROOT %done = bf16[4096,1024]{1,0} all-gather-done(%ag)",
+        "}"])
+    cost = hlo_cost.program_cost(text, machine, 4, lambda group: 4)
+    dot_seconds = max(2 * 1024**3 / chip.peak_flops, 3 * 2 * 1024**2 / chip.hbm_bandwidth)
+    add_seconds = max(1024**2 / chip.peak_flops, 3 * 2 * 1024**2 / chip.hbm_bandwidth)
+    gather_seconds = 3 / 4 * 8 * 2**20 / chip.ici_bandwidth  # 3/4 of the 8 MiB result, over all 4 links
+    assert cost.flops == 2 * 1024**3 + 1024**2
+    assert cost.compute_seconds == pytest.approx(dot_seconds) and cost.memory_seconds == pytest.approx(add_seconds)
+    assert cost.collective_seconds == pytest.approx(gather_seconds)
+    # The gather runs beside the dot and the add; the chip then waits for what is left of it.
+    assert cost.seconds == pytest.approx(max(dot_seconds + add_seconds, gather_seconds))
+    estimate = roofline.estimate(cost)
+    assert estimate.exposed_collective_seconds == pytest.approx(max(0.0, gather_seconds - dot_seconds - add_seconds))
+
+
+def test_collectives_use_the_links_of_the_grid_dimensions_their_group_spans():
+    chip = roofline.CHIPS["v5e"]
+    devices = [types.SimpleNamespace(coords=(x, y, 0)) for y in range(4) for x in range(2)]  # v5e:2x4
+    links = roofline.link_counter(devices, chip)
+    assert links([0, 1]) == 2  # one row: a ring along x, both directions
+    assert links([0, 2, 4, 6]) == 2  # one column
+    assert links(list(range(8))) == 4  # both dimensions: every link of the chip
+    assert roofline.link_counter([types.SimpleNamespace()] * 8, chip)([0, 1]) == chip.ici_links  # no coordinates
 
 
 def test_chip_table_covers_four_generations_with_positive_figures():
@@ -109,3 +137,58 @@ def test_sweep_time_in_chip_hours_and_busiest_host():
     assert parallel["chip_hours"] == serial["chip_hours"] and parallel["wall_hours"] == pytest.approx(5)
     unfit = roofline.sweep_time({runs[0].run_id: 2.0}, runs, chips_per_run=4)
     assert unfit["runs_estimated"] == 1 and unfit["chip_hours"] == pytest.approx(8)
+
+
+NESTED = FIXTURES / "tpu_v5e_nested_scan.hlo"  # 3 x 5 nested scans and their gradient, compiled for v5e:2x2
+UNROLLED = FIXTURES / "tpu_v5e_nested_scan_unrolled.hlo"  # the same program with unroll=True: no loops
+
+
+def compiler_flops(path) -> float:
+    return float(re.search(r"compiler cost_analysis flops: (\d+)", path.read_text()).group(1))
+
+
+def test_trip_counts_are_read_from_tpu_loop_conditions():
+    text = NESTED.read_text()
+    assert "known_trip_count" not in text  # TPU programs do not carry it: the count is in the condition
+    module = hlo.parse(text)
+    counts = sorted(hlo.trip_count(module, computation, instruction)
+                    for computation in module.computations.values()
+                    for instruction in computation.instructions if instruction.opcode == "while")
+    assert counts == [3, 3, 5, 5]  # the outer and inner scan, forward and backward
+
+
+def test_nested_loops_multiply_and_match_the_compiler_on_the_unrolled_program():
+    machine = roofline.machine(roofline.CHIPS["v5e"])
+    looped = hlo_cost.program_cost(NESTED.read_text(), machine, 4)
+    unrolled = hlo_cost.program_cost(UNROLLED.read_text(), machine, 4)
+    assert (looped.loops_counted, looped.loops_uncounted, unrolled.loops_counted) == (4, 0, 0)
+    # Every one of the 15 layers: 2·128·256·256 FLOPs per matmul per chip, forward, and the two backward
+    # matmuls (the loops also form the first layer's unused input gradient, which unrolling drops).
+    matmul = 2 * 128 * 256 * 256
+    assert 45 * matmul <= looped.flops <= 1.03 * 45 * matmul
+    assert unrolled.flops == pytest.approx(compiler_flops(UNROLLED), rel=0.005)  # the compiler's own count
+    assert compiler_flops(NESTED) < looped.flops / 10  # ... which counts each loop body once
+    # The gradients of the replicated weights, one per layer (3 x 5): 15 all-reduces of one in the loops,
+    # one combined all-reduce of all 15 unrolled.
+    assert looped.collectives["all-reduce"][:2] == [15, 15 * 256 * 256 * 2]
+    assert unrolled.collectives["all-reduce"][:2] == [1, 15 * 256 * 256 * 2]
+
+
+def test_a_loop_it_cannot_count_makes_the_estimate_unknown():
+    # Make the inner loops' bound a parameter instead of a constant: the count is no longer readable.
+    text = NESTED.read_text().replace("constant(5)", "parameter(1)")
+    estimate = roofline.step_estimate(text, roofline.CHIPS["v5e"], [types.SimpleNamespace()] * 4)
+    assert estimate.loops_uncounted == 2 and estimate.loops_counted == 2
+    assert estimate.step_seconds is None and estimate.flops is None and estimate.bound is None
+
+
+def test_flops_of_a_cpu_program_match_the_compiler(line):
+    split, whole = line
+    function = lambda x, w: jnp.tanh(x @ w).sum(axis=1)  # noqa: E731
+    specs = [jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 16), jnp.float32)]
+    compiled = jax.jit(function, in_shardings=(split, whole), out_shardings=split).lower(*specs).compile()
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    cost = hlo_cost.program_cost(compiled.as_text(), roofline.machine(roofline.CHIPS["v5e"]), 8)
+    assert cost.flops == pytest.approx(analysis["flops"], rel=0.05)
+    assert cost.flops >= 2 * 8 * 32 * 16  # each chip's 8 rows times the 32x16 weights

@@ -30,8 +30,11 @@ Data and model. C4 English (allenai/c4, config en) streamed from the hub,
 the first 3.5M documents (about 1.5B GPT-2 tokens), tokenized with GPT-2's
 BPE (vocabulary 50257 + 4 special ids), 1% of documents held out.
 Pre-LN, ReLU, feed-forward 4·d, learned positions, sequences of 1024 tokens,
-bfloat16 compute with float32 parameters, full rematerialisation, and the
-mesh's fsdp axis over all devices (parameters and optimizer state sharded).
+bfloat16 compute with float32 parameters, full rematerialisation, flash
+attention (``model.attention_impl="flash"``: the Pallas splash kernel on
+TPU, which never writes the [T, T] scores to memory; not part of the run
+id), and the mesh's fsdp axis over all devices (parameters and optimizer
+state sharded).
 The fsdp size must divide the widths: on 256 chips fsdp=256 divides none
 of them, the state stays unsharded and the large runs do not fit; the
 preflight says so and suggests e.g. ``--set mesh.data=4 --set mesh.fsdp=64``.
@@ -82,7 +85,7 @@ def budgets_per_depth(depths=DEPTHS, window=WINDOW, fit=FIT_PRESETS["levine2020"
 def sweep() -> Sweep:
     base = TrainConfig(
         model=ModelConfig(head_dim=64, vocab_size=50261, max_seq_len=1024, compute_dtype="bfloat16",
-                          param_dtype="float32", remat="full", scan_layers=True),
+                          param_dtype="float32", remat="full", scan_layers=True, attention_impl="flash"),
         data=DataConfig(source="hub", hub_name="allenai/c4", hub_config="en", hub_split="train",
                         max_documents=3_500_000, validation_fraction=0.01, tokenizer="hf:gpt2", seq_len=1024),
         optim=OptimConfig(peak_lr=6e-4, lr_rule="mup", base_width=768, warmup_steps=500, schedule="cosine",
