@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import shutil
 import sys
 import uuid
 
@@ -29,6 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from scaling.rundir import one_line
+from scaling.storage import move_folder
 
 
 class CheckpointError(RuntimeError):
@@ -112,13 +112,8 @@ class Checkpoints:
         # error, a model change that breaks the restore), and the step's
         # directory must be out of orbax's way so the run can save it again.
         if jax.process_index() == 0:
-            path = self.directory / str(step)
             aside = self.directory.parent / "checkpoints-set-aside" / f"{step}-{uuid.uuid4().hex[:6]}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            if "://" in str(path):
-                path.rename(aside)  # epath renames object prefixes by copying them
-            else:
-                shutil.move(str(path), str(aside))
+            move_folder(self.directory / str(step), aside)  # on object stores: copies, then deletes
         self.manager.reload()
 
     def steps(self) -> list[int]:

@@ -79,7 +79,6 @@ import posixpath
 import shlex
 import sys
 import threading
-import uuid
 
 import fsspec
 import numpy as np
@@ -87,6 +86,7 @@ from etils import epath
 
 from scaling import corpus
 from scaling.config import DataConfig
+from scaling.storage import write_atomic
 from scaling.tokenizer import ByteTokenizer, HFTokenizer, build_tokenizer
 
 FORMAT_VERSION = "scaling-data-v1"  # bump when splitting, packing or order change (part of the fingerprint)
@@ -320,15 +320,7 @@ def open_cache(directory, config: DataConfig | None = None) -> TokenCache:
 
 def _write_atomic(path: epath.Path, data: bytes) -> None:
     """Readers see the old file or the new one, never part of one."""
-    if "://" in os.fspath(path):
-        path.write_bytes(data)  # one object upload: visible whole or not at all
-        return
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, data)
 
 
 def _read_json(path: epath.Path) -> dict | None:
