@@ -10,6 +10,15 @@ and ``meta`` (JSON: the wandb id, the initial eval loss, wall seconds so far).
 - The first save of a process waits for its write to finish, and every later
   save first checks that the previous asynchronous write succeeded, so a
   failure stops the run at the checkpoint where it happened.
+- Every call into orbax that may wait on storage (save, waiting for a
+  write, restore's listing) runs in a helper thread with a deadline,
+  ``write_timeout`` seconds (default ``WRITE_TIMEOUT_SECONDS``, 600, or the
+  environment's ``SCALING_CHECKPOINT_TIMEOUT_SECONDS``): storage that does
+  not answer for longer fails the run with one line naming the path
+  (``WriteAbandoned``) instead of hanging it, and a stop request (SIGTERM,
+  Ctrl-C) while it waits abandons the write at once. An abandoned write's
+  thread cannot be cancelled, so the command-line entry points then end
+  the process without waiting for it (``abandoned_writes``).
 - ``restore_newest`` tries checkpoints from the newest down and uses the
   first that reads back whole; damaged newer ones are reported and moved to
   ``<run dir>/checkpoints-set-aside/`` (they would otherwise block saving
@@ -20,7 +29,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
+import threading
+import time
 import uuid
 
 import jax
@@ -31,16 +43,56 @@ from scaling.rundir import one_line
 from scaling.storage import move_folder
 
 
+WRITE_TIMEOUT_SECONDS = 600.0
+_abandoned: list[str] = []  # directories with a write given up on, in this process
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the message is one line naming the path and the reason."""
+
+
+class WriteAbandoned(CheckpointError):
+    """A checkpoint write did not finish in time (or a stop was requested while it waited).
+    ``stopped``: True when a stop request, not the deadline, gave it up."""
+
+    def __init__(self, message: str, stopped: bool):
+        super().__init__(message)
+        self.stopped = stopped
+
+
+def abandoned_writes() -> list[str]:
+    """Checkpoint directories of this process whose write was given up on (its thread may still hang)."""
+    return list(_abandoned)
+
+
+def exit_now_if_abandoned(code: int) -> int:
+    """``code``; but if a checkpoint write was given up on, end the process now with it (after flushing
+    stdout and stderr): the write's thread cannot be cancelled, and a normal exit would wait for it."""
+    if _abandoned:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def default_write_timeout() -> float:
+    """``SCALING_CHECKPOINT_TIMEOUT_SECONDS`` if set, else ``WRITE_TIMEOUT_SECONDS`` (seconds)."""
+    text = os.environ.get("SCALING_CHECKPOINT_TIMEOUT_SECONDS")
+    try:
+        return float(text) if text else WRITE_TIMEOUT_SECONDS
+    except ValueError:
+        raise CheckpointError(f"SCALING_CHECKPOINT_TIMEOUT_SECONDS={text!r}: expected a number of seconds") from None
 
 
 class Checkpoints:
     """The checkpoints of one run in ``directory`` (absolute local path or URI)."""
 
-    def __init__(self, directory, keep: int, abstract_state):
+    def __init__(self, directory, keep: int, abstract_state, *, write_timeout: float | None = None,
+                 should_stop=lambda: False):
         self.directory = epath.Path(directory)
         self.abstract_state = abstract_state
+        self.write_timeout = default_write_timeout() if write_timeout is None else write_timeout
+        self.should_stop = should_stop  # polled while waiting on storage: True abandons the wait
         self.skipped: list[str] = []  # "step S: reason" for every damaged checkpoint passed over
         self._saved_once = False
         self._unraisable_hook = None  # set while noise from failed reads is filtered
@@ -120,9 +172,42 @@ class Checkpoints:
         """Steps with a complete checkpoint, as orbax sees them now."""
         return list(self.manager.all_steps())
 
+    def _bounded(self, what: str, function):
+        """``function()`` in a helper thread, waited for at most ``write_timeout`` seconds, and no longer
+        once ``should_stop()`` turns true during the wait; ``WriteAbandoned`` naming ``what`` then (the
+        thread is left behind)."""
+        if str(self.directory) in _abandoned:
+            raise WriteAbandoned(f"{what}: an earlier write to {self.directory} never finished", stopped=False)
+        outcome = {}
+
+        def target():
+            try:
+                outcome["value"] = function()
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+                outcome["error"] = error
+
+        worker = threading.Thread(target=target, name="checkpoint-write", daemon=True)
+        worker.start()
+        deadline = time.monotonic() + self.write_timeout
+        stop_before = self.should_stop()  # the save a stop asks for is waited for; a stop during a wait is new
+        while worker.is_alive():
+            worker.join(0.1)
+            stopped = not stop_before and self.should_stop()
+            if worker.is_alive() and (stopped or time.monotonic() > deadline):
+                _abandoned.append(str(self.directory))
+                reason = ("abandoned after a stop request" if stopped else
+                          f"not finished after {self.write_timeout:g} s (storage unreachable?)")
+                raise WriteAbandoned(f"{what}: {reason}", stopped=stopped)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> None:
-        """Save asynchronously; raises ``CheckpointError`` if this or the previous write failed."""
-        try:
+        """Save asynchronously; raises ``CheckpointError`` if this or the previous write failed
+        (``WriteAbandoned`` if storage did not answer in time)."""
+        what = f"checkpoint of step {step} in {self.directory}"
+
+        def write():
             self.manager.check_for_errors()
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                             meta=ocp.args.JsonSave(dict(meta))), force=force)
@@ -130,23 +215,37 @@ class Checkpoints:
                 self.manager.wait_until_finished()
                 self.manager.check_for_errors()
                 self._saved_once = True
+
+        try:
+            self._bounded(what, write)
+        except WriteAbandoned:
+            raise
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint of step {step} in {self.directory} failed: {one_line(error)}") from None
+            raise CheckpointError(f"{what} failed: {one_line(error)}") from None
 
     def finish(self) -> None:
-        """Wait for pending writes; ``CheckpointError`` if one failed."""
-        try:
+        """Wait for pending writes; ``CheckpointError`` if one failed (``WriteAbandoned``: not in time)."""
+        what = f"checkpoint write in {self.directory}"
+
+        def wait():
             self.manager.wait_until_finished()
             self.manager.check_for_errors()
+
+        try:
+            self._bounded(what, wait)
+        except WriteAbandoned:
+            raise
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint write in {self.directory} failed: {one_line(error)}") from None
+            raise CheckpointError(f"{what} failed: {one_line(error)}") from None
 
     def close(self) -> None:
-        """Release orbax's threads (safe after a failure; never raises)."""
-        try:
-            self.manager.close()
-        except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
-            pass
+        """Release orbax's threads (safe after a failure; never raises; skipped after an abandoned write,
+        which it would wait for)."""
+        if str(self.directory) not in _abandoned:
+            try:
+                self.manager.close()
+            except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
+                pass
         if self._unraisable_hook is not None:
             sys.unraisablehook = self._unraisable_hook
             self._asyncio_logger.setLevel(self._asyncio_level)

@@ -25,7 +25,8 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 RECORD_FILE = "result.json"
-STATUSES = ("running", "finished", "diverged", "failed")
+# "stopped": SIGTERM or Ctrl-C ended it after saving a checkpoint (resumable); not a failure.
+STATUSES = ("running", "finished", "diverged", "failed", "stopped")
 
 
 class RecordError(ValueError):

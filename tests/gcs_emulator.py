@@ -25,6 +25,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 
@@ -97,13 +98,15 @@ class FaultProxy:
 
     ``drop_reply(predicate)``: the next request for which ``predicate(method, path)`` is true is
     forwarded and answered by the emulator, but its reply is not passed on: the client's connection
-    is closed instead. ``hang = True``: requests are held without an answer until it is set back.
-    ``requests`` lists (method, path) of every request seen.
+    is closed instead. ``hang_when = predicate``: matching requests are held without an answer until
+    it is set back to None (``hang_when = lambda *_: True``: storage unreachable); ``held`` counts
+    the requests held so far. ``requests`` lists (method, path) of every request seen.
     """
 
     def __init__(self, target: str):
         self.target = target.split("://", 1)[1]
-        self.hang = False
+        self.hang_when = None
+        self.held = 0
         self.requests: list[tuple[str, str]] = []
         self.dropped: list[tuple[str, str]] = []
         self._drop = None
@@ -125,7 +128,12 @@ class FaultProxy:
                     if drop:
                         proxy._drop = None
                         proxy.dropped.append((self.command, self.path))
-                while proxy.hang:
+                held = False
+                while proxy.hang_when is not None and proxy.hang_when(self.command, urllib.parse.unquote(self.path)):
+                    if not held:
+                        with proxy._lock:
+                            proxy.held += 1
+                        held = True
                     time.sleep(0.05)
                 upstream = http.client.HTTPConnection(proxy.target, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
@@ -159,7 +167,7 @@ class FaultProxy:
             self._drop = predicate
 
     def close(self) -> None:
-        self.hang = False
+        self.hang_when = None
         self.server.shutdown()
         self.server.server_close()
 
