@@ -119,6 +119,7 @@ def use_emulator(environ=None) -> str | None:
             return url
         for protocol in ("gs", "gcs"):
             fsspec.register_implementation(protocol, GCSFileSystem, clobber=True)
+        GCSFileSystem.clear_instance_cache()  # instances made earlier may point elsewhere
         from etils.epath import backend
 
         backend.fsspec_backend._get_filesystem.cache_clear()  # epath keeps the filesystem it made

@@ -109,6 +109,7 @@ class FaultProxy:
         self.held = 0
         self.requests: list[tuple[str, str]] = []
         self.dropped: list[tuple[str, str]] = []
+        self.uploads: list[tuple[str, int]] = []  # (path, bytes of the request body) of every upload
         self._drop = None
         self._lock = threading.Lock()
         proxy = self
@@ -124,6 +125,8 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy._lock:
                     proxy.requests.append((self.command, self.path))
+                    if self.command in ("POST", "PUT") and self.path.startswith("/upload/"):
+                        proxy.uploads.append((self.path, length))
                     drop = proxy._drop is not None and proxy._drop(self.command, self.path)
                     if drop:
                         proxy._drop = None

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import pytest
 from etils import epath
 
@@ -92,6 +93,12 @@ def wait_for(predicate, timeout: float, proc=None, interval: float = 0.05):
     raise AssertionError("timed out")
 
 
+def logged_through(run_dir: str) -> int:
+    """The last step in the run's metrics objects, from one listing (0 if none yet)."""
+    names = [key for key in keys(run_dir) if key.startswith("metrics/")] if epath.Path(run_dir).exists() else []
+    return max((int(key.rsplit("-", 1)[1].split(".")[0]) for key in names), default=0)
+
+
 def metric_steps(run_dir: str) -> list[int]:
     fs, _ = fsspec.core.url_to_fs(run_dir)
     fs.invalidate_cache()
@@ -146,6 +153,40 @@ def test_a_whole_sweep_on_gs_is_read_back_by_status_and_the_analysis(gcs, gcs_em
     assert (cell["task"], cell["train_length"], cell["arm"], cell["seeds"]) == ("first", 10, "standard", 1)
 
 
+def test_the_token_cache_fetches_a_steps_rows_in_a_few_requests(gcs, gcs_emulator, tmp_path, monkeypatch):
+    from scaling import data, storage
+
+    proxy = FaultProxy(gcs_emulator.url)  # counts the requests that reach the storage
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        storage.use_emulator()
+        local = DataConfig(source="builtin", seq_len=64)
+        token_cache.build_cache(local, f"{gcs}/tokens", documents_per_shard=200)
+        config = DataConfig(source="builtin", seq_len=64, cache_dir=f"{gcs}/tokens")
+        pipeline, reference = data.build(config), data.build(local)
+        shards = len(pipeline.train_tokens.paths)
+        assert shards >= 3
+
+        def token_gets() -> int:
+            return sum(1 for method, path in proxy.requests if method == "GET" and "alt=media" in path
+                       and "/tokens/train-" in path)
+
+        per_step = []
+        for step in range(20):
+            before = token_gets()
+            rows = pipeline.train_batch(0, step, 16, process_index=1, process_count=2)
+            per_step.append(token_gets() - before)
+            expected = reference.train_batch(0, step, 16, process_index=1, process_count=2)
+            for key in expected:
+                np.testing.assert_array_equal(rows[key], expected[key])
+        # 8 windows a step, spread over the split: each shard is fetched whole once, then read locally.
+        assert per_step[0] <= shards and sum(per_step) <= shards and per_step[-10:] == [0] * 10, per_step
+        assert sorted(p.name for p in (tmp_path / "xdg" / "scaling-data" / "copies").rglob("train-*.npy"))
+    finally:
+        proxy.close()
+
+
 # ---------------------------------------------------------------------------
 # Faults
 
@@ -159,7 +200,7 @@ def test_sigkill_mid_run_then_resume_matches_an_undisturbed_run(gcs, gcs_emulato
     proc = subprocess.Popen(train_cli(config, killed, tmp_path), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     # Kill once rows past the checkpoint of step 10 are in the bucket, so the resume must cut them.
-    wait_for(lambda: 10 in checkpoint_steps(killed) and max(metric_steps(killed), default=0) >= 14, 300, proc)
+    wait_for(lambda: 10 in checkpoint_steps(killed) and logged_through(killed) >= 14, 300, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert records.read_record(killed) is None and 40 not in checkpoint_steps(killed)
@@ -275,9 +316,9 @@ def test_storage_that_stops_answering_fails_the_checkpoint_in_bounded_time(gcs, 
     try:
         env = env_for(proxy.url, tmp_path, SCALING_CHECKPOINT_TIMEOUT_SECONDS=str(limit))
         run_dir = f"{gcs}/unreachable"
-        proc = subprocess.Popen(train_cli(tiny(steps=400, checkpoint_every=20), run_dir, tmp_path), env=env,
+        proc = subprocess.Popen(train_cli(tiny(steps=400, checkpoint_every=20, log_every=5), run_dir, tmp_path), env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: 20 in checkpoint_steps(run_dir), 300, proc, interval=0.2)
+        wait_for(lambda: logged_through(run_dir) >= 25, 300, proc, interval=0.2)  # 20 is done
         _hanging_checkpoints(proxy, run_dir)
         hung = time.time()
         out, err = proc.communicate(timeout=120)
@@ -297,9 +338,9 @@ def test_sigterm_during_a_hung_checkpoint_write_still_ends_the_run(gcs, gcs_emul
     try:
         env = env_for(proxy.url, tmp_path, SCALING_CHECKPOINT_TIMEOUT_SECONDS="3600")
         run_dir = f"{gcs}/hung"
-        proc = subprocess.Popen(train_cli(tiny(steps=400, checkpoint_every=20), run_dir, tmp_path), env=env,
+        proc = subprocess.Popen(train_cli(tiny(steps=400, checkpoint_every=20, log_every=5), run_dir, tmp_path), env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: 20 in checkpoint_steps(run_dir), 300, proc, interval=0.2)
+        wait_for(lambda: logged_through(run_dir) >= 25, 300, proc, interval=0.2)  # 20 is done
         _hanging_checkpoints(proxy, run_dir)
         wait_for(lambda: proxy.held > 0, 120, proc)  # the next checkpoint's write is hanging now
         time.sleep(1)

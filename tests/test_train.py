@@ -185,6 +185,37 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path):
     assert _wandb_run_ids(workdir) == wandb_id_before  # one wandb id across the restart
 
 
+def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
+    config = small_config(steps=400, log_every=5, checkpoint_every=1000, wandb_mode="disabled")
+    workdir = tmp_path / "interrupted"
+    proc = subprocess.Popen(_cli(workdir, config), cwd=REPO, env=_env(1), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: (workdir / "metrics.jsonl").exists() and len(losses(workdir)) >= 2, 240, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == train.PREEMPTED_EXIT_CODE, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    [line] = [line for line in err.splitlines() if "stopped by" in line]
+    assert line.startswith("stopped by SIGINT after step ") and line.endswith("checkpoint saved")
+    record = json.loads((workdir / "result.json").read_text())
+    assert record["status"] == "stopped" and record["error"] == line  # resumable, not failed
+    saved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1
+
+    # Two presses: the first asks for a checkpoint, the second exits before it is written.
+    again = subprocess.Popen(_cli(workdir, config), cwd=REPO, env=_env(1), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    before = len(losses(workdir))
+    _wait_for(lambda: len(losses(workdir)) >= before + 2, 240, again)
+    again.send_signal(signal.SIGINT)
+    again.send_signal(signal.SIGINT)
+    sent = time.time()
+    _, err = again.communicate(timeout=60)
+    assert time.time() - sent < 10 and again.returncode == 130, err[-3000:]
+    assert "interrupted again: exiting now" in err and "Traceback" not in err
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == saved
+
+
 def _wandb_records(path: Path):
     """Records of a wandb transaction log (leveldb-style 32 KiB blocks of CRC/length/type-framed chunks)."""
     from wandb.proto import wandb_internal_pb2
