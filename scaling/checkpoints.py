@@ -22,7 +22,9 @@ and ``meta`` (JSON: the wandb id, the initial eval loss, wall seconds so far).
 - ``restore_newest`` tries checkpoints from the newest down and uses the
   first that reads back whole; damaged newer ones are reported and moved to
   ``<run dir>/checkpoints-set-aside/`` (they would otherwise block saving
-  those steps again).
+  those steps again). With several processes they agree: process 0's
+  reading decides, a step process 0 read but another could not stops the
+  run, and steps are set aside after a barrier.
 """
 
 from __future__ import annotations
@@ -40,11 +42,39 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from scaling.rundir import one_line
-from scaling.storage import move_folder
+from scaling.storage import move_folder, write_atomic
 
 
 WRITE_TIMEOUT_SECONDS = 600.0
 _abandoned: list[str] = []  # directories with a write given up on, in this process
+
+
+def _process_zero_list(steps: list[int]) -> list[int]:
+    """Process 0's list of steps, on every process (hosts may list a bucket at different moments)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    count = int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(len(steps)))))
+    padded = np.full(max(count, 1), -1, np.int64)
+    padded[:min(count, len(steps))] = steps[:count]
+    return [int(s) for s in np.asarray(multihost_utils.broadcast_one_to_all(padded))[:count]]
+
+
+def _all_processes(flag: bool) -> list[bool]:
+    """``flag`` of every process, by process index (just ``[flag]`` with one process)."""
+    if jax.process_count() == 1:
+        return [flag]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.int32(flag))).ravel()]
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 class CheckpointError(RuntimeError):
@@ -113,33 +143,65 @@ class Checkpoints:
         probe = self.directory / f".write-probe-{jax.process_index()}"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            probe.write_text("ok")
+            write_atomic(probe, "ok")
             probe.unlink()
         except Exception as error:  # noqa: BLE001 - OSError locally, other types from object stores
             raise CheckpointError(f"cannot write checkpoints to {self.directory}: {one_line(error)}") from None
 
     def restore_newest(self):
-        """``(state, meta, step)`` from the newest checkpoint that reads back whole, or None if none does."""
+        """``(state, meta, step)`` from the newest checkpoint that reads back whole, or None if none does.
+
+        With several processes, the steps tried are process 0's listing, and every process tries
+        the same step at the same time; process 0's reading decides whether a step is damaged. If
+        process 0 reads a step whole but another process cannot, every process stops with one line
+        (``CheckpointError``) instead of resuming from different steps or setting a good step
+        aside. Damaged steps are set aside after every process has finished reading.
+        """
         self.manager.reload()
-        for step in sorted(self.manager.all_steps(), reverse=True):
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if jax.process_count() > 1:
+            steps = _process_zero_list(steps)
+        found, damaged = None, []
+        for step in steps:
+            error = None
             try:
-                restored = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(self.abstract_state), meta=ocp.args.JsonRestore()))
-                meta = restored["meta"]
-                if not isinstance(meta, dict) or "wandb_id" not in meta:
-                    raise ValueError(f"meta holds {type(meta).__name__} without a wandb_id")
-                restored_step = int(jax.device_get(restored["state"]["step"]))
-                if restored_step != step:
-                    raise ValueError(f"state says step {restored_step}")
-                return restored["state"], meta, step
-            except Exception as error:  # noqa: BLE001 - any failure to read back means "damaged"
-                self.skipped.append(f"step {step}: {one_line(error)}")
-                del error
+                found = self._restore(step)
+            except Exception as caught:  # noqa: BLE001 - any failure to read back means "damaged"
+                error = one_line(caught)
+                del caught
+                found = None
                 if self._unraisable_hook is None:
                     self._quiet_failed_reads()
                 gc.collect()  # the abandoned read tasks report here, while their noise is filtered
+            readers = _all_processes(error is None)
+            if readers[0] and all(readers):
+                break
+            if readers[0]:  # process 0 read it whole: not damaged, but this host could not read it
+                failed = [i for i, ok in enumerate(readers) if not ok]
+                raise CheckpointError(f"process(es) {failed} could not read checkpoint step {step} in "
+                                      f"{self.directory}, which process 0 read whole"
+                                      + (f" ({error})" if error else "") + "; stopping: rerun to resume")
+            self.skipped.append(f"step {step}: {error or 'process 0 could not read it'}")
+            damaged.append(step)
+            found = None
+        if damaged:
+            _barrier("checkpoints-read")  # no process still reading what is moved
+            for step in damaged:
                 self._set_aside(step)
-        return None
+            _barrier("checkpoints-set-aside")
+            self.manager.reload()
+        return found
+
+    def _restore(self, step: int):
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(self.abstract_state), meta=ocp.args.JsonRestore()))
+        meta = restored["meta"]
+        if not isinstance(meta, dict) or "wandb_id" not in meta:
+            raise ValueError(f"meta holds {type(meta).__name__} without a wandb_id")
+        restored_step = int(jax.device_get(restored["state"]["step"]))
+        if restored_step != step:
+            raise ValueError(f"state says step {restored_step}")
+        return restored["state"], meta, step
 
     def _quiet_failed_reads(self) -> None:
         # A failed restore leaves orbax's other read tasks to fail later on
@@ -166,7 +228,6 @@ class Checkpoints:
         if jax.process_index() == 0:
             aside = self.directory.parent / "checkpoints-set-aside" / f"{step}-{uuid.uuid4().hex[:6]}"
             move_folder(self.directory / str(step), aside)  # on object stores: copies, then deletes
-        self.manager.reload()
 
     def steps(self) -> list[int]:
         """Steps with a complete checkpoint, as orbax sees them now."""

@@ -45,15 +45,21 @@ def write_atomic(path, data: bytes | str) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never part of one.
 
     Local: a temporary file beside it, flushed to disk, then renamed over it.
-    Object stores: one object upload, which they make visible whole or not at all.
+    Object stores: one object upload, which they make visible whole or not at all. It goes
+    through fsspec's ``pipe_file``: gcsfs sends an object under 50 MB in one request and
+    retries it whole on connection errors, where a file object's resumable upload session
+    would be lost with a restarting server (its retry then meets 404).
     """
     from etils import epath
 
-    path = epath.Path(path)
     data = data.encode() if isinstance(data, str) else data
     if is_remote(path):
-        path.write_bytes(data)
+        import fsspec
+
+        fs, key = fsspec.core.url_to_fs(os.fspath(path))
+        fs.pipe_file(key, data)
         return
+    path = epath.Path(path)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(tmp, "wb") as handle:

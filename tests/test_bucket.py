@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import fsspec
 import numpy as np
@@ -170,7 +171,7 @@ def test_the_token_cache_fetches_a_steps_rows_in_a_few_requests(gcs, gcs_emulato
 
         def token_gets() -> int:
             return sum(1 for method, path in proxy.requests if method == "GET" and "alt=media" in path
-                       and "/tokens/train-" in path)
+                       and "tokens/train-" in unquote(path))
 
         per_step = []
         for step in range(20):
@@ -354,3 +355,75 @@ def test_sigterm_during_a_hung_checkpoint_write_still_ends_the_run(gcs, gcs_emul
         assert record.status == "stopped" and checkpoint_steps(run_dir) == [20]
     finally:
         proxy.close()
+
+
+# ---------------------------------------------------------------------------
+# Checkpoint fallback agreed across processes (two local CPU processes as one JAX job, as in test_pod.py)
+
+POD_DRIVER = '''
+import os, sys
+from scaling import checkpoints, train
+
+fail = os.environ.get("FAIL_RESTORE")  # "PROCESS:STEP": that process cannot read that step (a transient error)
+if fail:
+    process, step = map(int, fail.split(":"))
+    real = checkpoints.Checkpoints._restore
+
+    def _restore(self, s):
+        import jax
+        if jax.process_index() == process and s == step:
+            raise OSError("injected read error")
+        return real(self, s)
+
+    checkpoints.Checkpoints._restore = _restore
+sys.exit(train.main(sys.argv[1:]))
+'''
+
+
+def _two_processes(config, run_dir, tmp_path, env) -> list[subprocess.CompletedProcess]:
+    from gcs_emulator import free_port
+
+    driver = tmp_path / "pod_driver.py"
+    driver.write_text(POD_DRIVER)
+    command = train_cli(config, run_dir, tmp_path)
+    command[1:3] = [str(driver)]  # the driver instead of `-m scaling.train`
+    port = free_port()
+    procs = [subprocess.Popen(command + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                                         "--process-id", str(i)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=400)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def test_two_processes_agree_on_the_checkpoint_to_resume_from(gcs, gcs_emulator, tmp_path):
+    config = tiny(steps=8, checkpoint_every=4)
+    run_dir = f"{gcs}/pod"
+    env = env_for(gcs_emulator.url, tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    first = _two_processes(config, run_dir, tmp_path, env)
+    assert [r.returncode for r in first] == [0, 0], [r.stderr[-2000:] for r in first]
+    epath.Path(f"{run_dir}/result.json").unlink()
+    fs, root = fsspec.core.url_to_fs(f"{run_dir}/checkpoints/8")
+    for name in [n for n in fs.find(root) if "/state/" in n and "/d/" in n]:  # step 8 damaged for everyone
+        fs.pipe_file(name, fs.cat_file(name)[:10])
+
+    # Process 1 cannot read step 4, which process 0 reads: both stop, one line each, nothing set aside.
+    refused = _two_processes(config, run_dir, tmp_path, dict(env, FAIL_RESTORE="1:4"))
+    assert [r.returncode for r in refused] == [1, 1], [r.stderr[-2000:] for r in refused]
+    for result in refused:
+        [line] = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        assert "process(es) [1] could not read checkpoint step 4" in line and "Traceback" not in result.stderr
+    assert not epath.Path(f"{run_dir}/checkpoints-set-aside").exists()
+
+    # Without the injected error: step 8 is damaged on process 0's reading, both resume from 4, step 8 is
+    # set aside once, in the bucket.
+    resumed = _two_processes(config, run_dir, tmp_path, env)
+    assert [r.returncode for r in resumed] == [0, 0], [r.stderr[-2000:] for r in resumed]
+    assert all("damaged checkpoint passed over, step 8" in r.stderr for r in resumed)
+    aside = {key.split("/")[0] for key in keys(f"{run_dir}/checkpoints-set-aside")}
+    assert len(aside) == 1 and next(iter(aside)).startswith("8-")
+    record = records.read_record(run_dir)
+    assert record.status == "finished" and record.steps == 8
+    assert metric_steps(run_dir) == list(range(9))
