@@ -156,6 +156,9 @@ class Checkpoints:
         process 0 reads a step whole but another process cannot, every process stops with one line
         (``CheckpointError``) instead of resuming from different steps or setting a good step
         aside. Damaged steps are set aside after every process has finished reading.
+        Limitation: orbax's restore ends in a barrier of all processes, so a read error that only
+        some processes meet inside it leaves the others waiting there until orbax's barrier
+        timeout; errors met after it (the checks below) are agreed on at once.
         """
         self.manager.reload()
         steps = sorted(self.manager.all_steps(), reverse=True)
@@ -220,6 +223,14 @@ class Checkpoints:
                 previous(unraisable)
 
         sys.unraisablehook = hook
+        # The same abandoned reads can also fail in orbax's helper threads once their loop is closed.
+        self._thread_hook = previous_thread_hook = threading.excepthook
+
+        def thread_hook(args):
+            if "Event loop is closed" not in str(args.exc_value):
+                previous_thread_hook(args)
+
+        threading.excepthook = thread_hook
 
     def _set_aside(self, step: int) -> None:
         # Moved, not deleted: a read can fail for reasons that pass (a storage
@@ -309,5 +320,6 @@ class Checkpoints:
                 pass
         if self._unraisable_hook is not None:
             sys.unraisablehook = self._unraisable_hook
+            threading.excepthook = self._thread_hook
             self._asyncio_logger.setLevel(self._asyncio_level)
             self._unraisable_hook = None

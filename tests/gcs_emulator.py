@@ -23,6 +23,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -150,6 +151,8 @@ class FaultProxy:
                     return
                 self.send_response(reply.status, reply.reason)
                 for key, value in reply.getheaders():
+                    if key.lower() == "location":  # a resumable upload's session: keep it on the proxy
+                        value = value.replace(f"//{proxy.target}", f"//{proxy.url.split('://', 1)[1]}")
                     if key.lower() not in ("transfer-encoding", "content-length", "connection"):
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
@@ -159,7 +162,12 @@ class FaultProxy:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):  # a client that hung up is no error here
+                if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+                    super().handle_error(request, client_address)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
