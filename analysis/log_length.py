@@ -27,10 +27,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import posixpath
 import warnings
 from pathlib import Path
 
+import fsspec
 import pandas as pd
+from etils import epath
 
 from analysis.errors import AnalysisInputError
 from scaling import records
@@ -53,8 +56,9 @@ class LogLengthRuns:
 
 
 def load(directory) -> LogLengthRuns:
-    """The finished classification runs under ``directory`` (searched recursively for result.json)."""
-    root = Path(directory)
+    """The finished classification runs under ``directory`` (local or ``gs://``; searched recursively for
+    result.json)."""
+    root = epath.Path(directory)  # local or gs://
     if not root.is_dir():
         raise AnalysisInputError(f"{directory}: not a directory")
     rows, skipped, seen = [], {}, set()
@@ -62,8 +66,12 @@ def load(directory) -> LogLengthRuns:
     def skip(reason):
         skipped[reason] = skipped.get(reason, 0) + 1
 
-    for record_file in sorted(root.rglob(records.RECORD_FILE)):
-        run_dir = record_file.parent
+    fs, base = fsspec.core.url_to_fs(str(directory))
+    # One recursive listing (a single request on an object store), not a walk.
+    found = sorted(fs.glob(base.rstrip("/") + "/**/" + records.RECORD_FILE))
+    for found_file in found:
+        run_dir = root / posixpath.dirname(found_file[len(base.rstrip("/")) + 1:])
+        record_file = run_dir / records.RECORD_FILE
         try:
             record = records.read_record(run_dir)
         except records.RecordError:

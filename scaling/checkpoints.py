@@ -10,18 +10,31 @@ and ``meta`` (JSON: the wandb id, the initial eval loss, wall seconds so far).
 - The first save of a process waits for its write to finish, and every later
   save first checks that the previous asynchronous write succeeded, so a
   failure stops the run at the checkpoint where it happened.
+- Every call into orbax that may wait on storage (save, waiting for a
+  write, restore's listing) runs in a helper thread with a deadline,
+  ``write_timeout`` seconds (default ``WRITE_TIMEOUT_SECONDS``, 600, or the
+  environment's ``SCALING_CHECKPOINT_TIMEOUT_SECONDS``): storage that does
+  not answer for longer fails the run with one line naming the path
+  (``WriteAbandoned``) instead of hanging it, and a stop request (SIGTERM,
+  Ctrl-C) while it waits abandons the write at once. An abandoned write's
+  thread cannot be cancelled, so the command-line entry points then end
+  the process without waiting for it (``abandoned_writes``).
 - ``restore_newest`` tries checkpoints from the newest down and uses the
   first that reads back whole; damaged newer ones are reported and moved to
   ``<run dir>/checkpoints-set-aside/`` (they would otherwise block saving
-  those steps again).
+  those steps again). With several processes they agree: process 0's
+  reading decides, a step process 0 read but another could not stops the
+  run, and steps are set aside after a barrier.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import shutil
+import os
 import sys
+import threading
+import time
 import uuid
 
 import jax
@@ -29,18 +42,87 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from scaling.rundir import one_line
+from scaling.storage import move_folder, write_atomic
+
+
+WRITE_TIMEOUT_SECONDS = 600.0
+_abandoned: list[str] = []  # directories with a write given up on, in this process
+
+
+def _process_zero_list(steps: list[int]) -> list[int]:
+    """Process 0's list of steps, on every process (hosts may list a bucket at different moments)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    count = int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(len(steps)))))
+    padded = np.full(max(count, 1), -1, np.int64)
+    padded[:min(count, len(steps))] = steps[:count]
+    return [int(s) for s in np.asarray(multihost_utils.broadcast_one_to_all(padded))[:count]]
+
+
+def _all_processes(flag: bool) -> list[bool]:
+    """``flag`` of every process, by process index (just ``[flag]`` with one process)."""
+    if jax.process_count() == 1:
+        return [flag]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.int32(flag))).ravel()]
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the message is one line naming the path and the reason."""
 
 
+class WriteAbandoned(CheckpointError):
+    """A checkpoint write did not finish in time (or a stop was requested while it waited).
+    ``stopped``: True when a stop request, not the deadline, gave it up."""
+
+    def __init__(self, message: str, stopped: bool):
+        super().__init__(message)
+        self.stopped = stopped
+
+
+def abandoned_writes() -> list[str]:
+    """Checkpoint directories of this process whose write was given up on (its thread may still hang)."""
+    return list(_abandoned)
+
+
+def exit_now_if_abandoned(code: int) -> int:
+    """``code``; but if a checkpoint write was given up on, end the process now with it (after flushing
+    stdout and stderr): the write's thread cannot be cancelled, and a normal exit would wait for it."""
+    if _abandoned:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def default_write_timeout() -> float:
+    """``SCALING_CHECKPOINT_TIMEOUT_SECONDS`` if set, else ``WRITE_TIMEOUT_SECONDS`` (seconds)."""
+    text = os.environ.get("SCALING_CHECKPOINT_TIMEOUT_SECONDS")
+    try:
+        return float(text) if text else WRITE_TIMEOUT_SECONDS
+    except ValueError:
+        raise CheckpointError(f"SCALING_CHECKPOINT_TIMEOUT_SECONDS={text!r}: expected a number of seconds") from None
+
+
 class Checkpoints:
     """The checkpoints of one run in ``directory`` (absolute local path or URI)."""
 
-    def __init__(self, directory, keep: int, abstract_state):
+    def __init__(self, directory, keep: int, abstract_state, *, write_timeout: float | None = None,
+                 should_stop=lambda: False):
         self.directory = epath.Path(directory)
         self.abstract_state = abstract_state
+        self.write_timeout = default_write_timeout() if write_timeout is None else write_timeout
+        self.should_stop = should_stop  # polled while waiting on storage: True abandons the wait
         self.skipped: list[str] = []  # "step S: reason" for every damaged checkpoint passed over
         self._saved_once = False
         self._unraisable_hook = None  # set while noise from failed reads is filtered
@@ -61,33 +143,68 @@ class Checkpoints:
         probe = self.directory / f".write-probe-{jax.process_index()}"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            probe.write_text("ok")
+            write_atomic(probe, "ok")
             probe.unlink()
         except Exception as error:  # noqa: BLE001 - OSError locally, other types from object stores
             raise CheckpointError(f"cannot write checkpoints to {self.directory}: {one_line(error)}") from None
 
     def restore_newest(self):
-        """``(state, meta, step)`` from the newest checkpoint that reads back whole, or None if none does."""
+        """``(state, meta, step)`` from the newest checkpoint that reads back whole, or None if none does.
+
+        With several processes, the steps tried are process 0's listing, and every process tries
+        the same step at the same time; process 0's reading decides whether a step is damaged. If
+        process 0 reads a step whole but another process cannot, every process stops with one line
+        (``CheckpointError``) instead of resuming from different steps or setting a good step
+        aside. Damaged steps are set aside after every process has finished reading.
+        Limitation: orbax's restore ends in a barrier of all processes, so a read error that only
+        some processes meet inside it leaves the others waiting there until orbax's barrier
+        timeout; errors met after it (the checks below) are agreed on at once.
+        """
         self.manager.reload()
-        for step in sorted(self.manager.all_steps(), reverse=True):
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if jax.process_count() > 1:
+            steps = _process_zero_list(steps)
+        found, damaged = None, []
+        for step in steps:
+            error = None
             try:
-                restored = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(self.abstract_state), meta=ocp.args.JsonRestore()))
-                meta = restored["meta"]
-                if not isinstance(meta, dict) or "wandb_id" not in meta:
-                    raise ValueError(f"meta holds {type(meta).__name__} without a wandb_id")
-                restored_step = int(jax.device_get(restored["state"]["step"]))
-                if restored_step != step:
-                    raise ValueError(f"state says step {restored_step}")
-                return restored["state"], meta, step
-            except Exception as error:  # noqa: BLE001 - any failure to read back means "damaged"
-                self.skipped.append(f"step {step}: {one_line(error)}")
-                del error
+                found = self._restore(step)
+            except Exception as caught:  # noqa: BLE001 - any failure to read back means "damaged"
+                error = one_line(caught)
+                del caught
+                found = None
                 if self._unraisable_hook is None:
                     self._quiet_failed_reads()
                 gc.collect()  # the abandoned read tasks report here, while their noise is filtered
+            readers = _all_processes(error is None)
+            if readers[0] and all(readers):
+                break
+            if readers[0]:  # process 0 read it whole: not damaged, but this host could not read it
+                failed = [i for i, ok in enumerate(readers) if not ok]
+                raise CheckpointError(f"process(es) {failed} could not read checkpoint step {step} in "
+                                      f"{self.directory}, which process 0 read whole"
+                                      + (f" ({error})" if error else "") + "; stopping: rerun to resume")
+            self.skipped.append(f"step {step}: {error or 'process 0 could not read it'}")
+            damaged.append(step)
+            found = None
+        if damaged:
+            _barrier("checkpoints-read")  # no process still reading what is moved
+            for step in damaged:
                 self._set_aside(step)
-        return None
+            _barrier("checkpoints-set-aside")
+            self.manager.reload()
+        return found
+
+    def _restore(self, step: int):
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(self.abstract_state), meta=ocp.args.JsonRestore()))
+        meta = restored["meta"]
+        if not isinstance(meta, dict) or "wandb_id" not in meta:
+            raise ValueError(f"meta holds {type(meta).__name__} without a wandb_id")
+        restored_step = int(jax.device_get(restored["state"]["step"]))
+        if restored_step != step:
+            raise ValueError(f"state says step {restored_step}")
+        return restored["state"], meta, step
 
     def _quiet_failed_reads(self) -> None:
         # A failed restore leaves orbax's other read tasks to fail later on
@@ -106,28 +223,63 @@ class Checkpoints:
                 previous(unraisable)
 
         sys.unraisablehook = hook
+        # The same abandoned reads can also fail in orbax's helper threads once their loop is closed.
+        self._thread_hook = previous_thread_hook = threading.excepthook
+
+        def thread_hook(args):
+            if "Event loop is closed" not in str(args.exc_value):
+                previous_thread_hook(args)
+
+        threading.excepthook = thread_hook
 
     def _set_aside(self, step: int) -> None:
         # Moved, not deleted: a read can fail for reasons that pass (a storage
         # error, a model change that breaks the restore), and the step's
         # directory must be out of orbax's way so the run can save it again.
         if jax.process_index() == 0:
-            path = self.directory / str(step)
             aside = self.directory.parent / "checkpoints-set-aside" / f"{step}-{uuid.uuid4().hex[:6]}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            if "://" in str(path):
-                path.rename(aside)  # epath renames object prefixes by copying them
-            else:
-                shutil.move(str(path), str(aside))
-        self.manager.reload()
+            move_folder(self.directory / str(step), aside)  # on object stores: copies, then deletes
 
     def steps(self) -> list[int]:
         """Steps with a complete checkpoint, as orbax sees them now."""
         return list(self.manager.all_steps())
 
+    def _bounded(self, what: str, function):
+        """``function()`` in a helper thread, waited for at most ``write_timeout`` seconds, and no longer
+        once ``should_stop()`` turns true during the wait; ``WriteAbandoned`` naming ``what`` then (the
+        thread is left behind)."""
+        if str(self.directory) in _abandoned:
+            raise WriteAbandoned(f"{what}: an earlier write to {self.directory} never finished", stopped=False)
+        outcome = {}
+
+        def target():
+            try:
+                outcome["value"] = function()
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+                outcome["error"] = error
+
+        worker = threading.Thread(target=target, name="checkpoint-write", daemon=True)
+        worker.start()
+        deadline = time.monotonic() + self.write_timeout
+        stop_before = self.should_stop()  # the save a stop asks for is waited for; a stop during a wait is new
+        while worker.is_alive():
+            worker.join(0.1)
+            stopped = not stop_before and self.should_stop()
+            if worker.is_alive() and (stopped or time.monotonic() > deadline):
+                _abandoned.append(str(self.directory))
+                reason = ("abandoned after a stop request" if stopped else
+                          f"not finished after {self.write_timeout:g} s (storage unreachable?)")
+                raise WriteAbandoned(f"{what}: {reason}", stopped=stopped)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> None:
-        """Save asynchronously; raises ``CheckpointError`` if this or the previous write failed."""
-        try:
+        """Save asynchronously; raises ``CheckpointError`` if this or the previous write failed
+        (``WriteAbandoned`` if storage did not answer in time)."""
+        what = f"checkpoint of step {step} in {self.directory}"
+
+        def write():
             self.manager.check_for_errors()
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                             meta=ocp.args.JsonSave(dict(meta))), force=force)
@@ -135,24 +287,39 @@ class Checkpoints:
                 self.manager.wait_until_finished()
                 self.manager.check_for_errors()
                 self._saved_once = True
+
+        try:
+            self._bounded(what, write)
+        except WriteAbandoned:
+            raise
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint of step {step} in {self.directory} failed: {one_line(error)}") from None
+            raise CheckpointError(f"{what} failed: {one_line(error)}") from None
 
     def finish(self) -> None:
-        """Wait for pending writes; ``CheckpointError`` if one failed."""
-        try:
+        """Wait for pending writes; ``CheckpointError`` if one failed (``WriteAbandoned``: not in time)."""
+        what = f"checkpoint write in {self.directory}"
+
+        def wait():
             self.manager.wait_until_finished()
             self.manager.check_for_errors()
+
+        try:
+            self._bounded(what, wait)
+        except WriteAbandoned:
+            raise
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint write in {self.directory} failed: {one_line(error)}") from None
+            raise CheckpointError(f"{what} failed: {one_line(error)}") from None
 
     def close(self) -> None:
-        """Release orbax's threads (safe after a failure; never raises)."""
-        try:
-            self.manager.close()
-        except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
-            pass
+        """Release orbax's threads (safe after a failure; never raises; skipped after an abandoned write,
+        which it would wait for)."""
+        if str(self.directory) not in _abandoned:
+            try:
+                self.manager.close()
+            except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
+                pass
         if self._unraisable_hook is not None:
             sys.unraisablehook = self._unraisable_hook
+            threading.excepthook = self._thread_hook
             self._asyncio_logger.setLevel(self._asyncio_level)
             self._unraisable_hook = None

@@ -18,8 +18,9 @@ How "create only if absent" is made atomic:
   ``if_generation_match=0`` (create only if no object exists) and, to
   renew or take over, ``if_generation_match=<the generation read>``; these
   are the storage's own compare-and-swap, so no lock service is needed.
-  (Written against google-cloud-storage's documented API; not run against
-  Cloud Storage from here.)
+  A conditional write whose reply was lost is recognised as our own (see
+  ``_GcsStore``), and the lease is deleted only at the generation read.
+  Tested against fake-gcs-server (tests/test_bucket.py), not Cloud Storage.
 - other object stores (fsspec ``memory://`` in tests, s3, ...): best effort,
   write then read back the token; a race inside one round trip can still
   let two processes in.
@@ -134,7 +135,7 @@ class Lease:
             self._thread = None
         found = self._store.read(self.path)
         if found is not None and found[0].get("token") == self.token:
-            self._store.delete(self.path)
+            self._store.delete(self.path, found[1])
 
     def __enter__(self):
         return self.acquire()
@@ -220,7 +221,7 @@ class _LocalStore:
             return False
         return True
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str, version=None) -> None:
         try:
             os.remove(path)
         except FileNotFoundError:
@@ -228,7 +229,15 @@ class _LocalStore:
 
 
 class _GcsStore:
-    """Generation preconditions of Cloud Storage: create-if-absent and compare-and-swap."""
+    """Generation preconditions of Cloud Storage: create-if-absent and compare-and-swap.
+
+    google-cloud-storage retries a conditional upload whose reply was lost
+    (a dropped connection, a 503 after the write took effect); the retry
+    then fails its own precondition (412) although the first attempt
+    succeeded. So a 412 is checked: if the object now holds exactly the
+    text this process just wrote (it carries our token and a fresh
+    heartbeat time), the write was ours and it counts as done.
+    """
 
     def __init__(self, path: str):
         from google.cloud import storage
@@ -236,38 +245,43 @@ class _GcsStore:
         bucket, _, self.name = path[len("gs://"):].partition("/")
         self.bucket = storage.Client().bucket(bucket)
 
-    def create(self, path: str, text: str) -> bool:
+    def _upload(self, text: str, generation: int) -> bool:
         from google.api_core import exceptions
 
         try:
-            self.bucket.blob(self.name).upload_from_string(text, if_generation_match=0)
+            self.bucket.blob(self.name).upload_from_string(text, if_generation_match=generation)
             return True
         except exceptions.PreconditionFailed:
-            return False
+            blob = self.bucket.get_blob(self.name)
+            return blob is not None and blob.download_as_text() == text  # our write, its reply lost
+
+    def create(self, path: str, text: str) -> bool:
+        return self._upload(text, 0)
 
     def read(self, path: str):
+        from google.api_core import exceptions
+
         blob = self.bucket.get_blob(self.name)
         if blob is None:
             return None
-        return _parse(blob.download_as_text(), blob.updated.timestamp() if blob.updated else 0.0), blob.generation
+        try:
+            text = blob.download_as_text(if_generation_match=blob.generation)  # the version we report
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            return self.read(path)  # replaced or deleted between the two requests: read it again
+        return _parse(text, blob.updated.timestamp() if blob.updated else 0.0), blob.generation
 
     def take_over(self, path: str, version, text: str) -> bool:
-        from google.api_core import exceptions
-
-        try:
-            self.bucket.blob(self.name).upload_from_string(text, if_generation_match=version)
-            return True
-        except exceptions.PreconditionFailed:
-            return False
+        return self._upload(text, version)
 
     renew = take_over
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str, version=None) -> None:
+        """Delete the lease, only if still at generation ``version`` (when given): never a successor's."""
         from google.api_core import exceptions
 
         try:
-            self.bucket.blob(self.name).delete()
-        except exceptions.NotFound:
+            self.bucket.blob(self.name).delete(if_generation_match=version)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
             pass
 
 
@@ -299,7 +313,7 @@ class _BestEffortStore:
 
     renew = take_over
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str, version=None) -> None:
         if self._path.exists():
             self._path.unlink()
 

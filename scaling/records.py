@@ -21,13 +21,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import uuid
 from typing import Any
 
 SCHEMA_VERSION = 1
 RECORD_FILE = "result.json"
-STATUSES = ("running", "finished", "diverged", "failed")
+# "stopped": SIGTERM or Ctrl-C ended it after saving a checkpoint (resumable); not a failure.
+STATUSES = ("running", "finished", "diverged", "failed", "stopped")
 
 
 class RecordError(ValueError):
@@ -165,21 +164,10 @@ def read_record(run_dir) -> RunRecord | None:
 
 
 def write_json_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers never see a partial file (local or object store)."""
-    path = _path(path)
-    if "://" in str(path):
-        path.write_text(text)  # one object upload; object stores make it visible whole or not at all
-        return
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Write ``text`` to ``path`` so that readers never see a partial file (``scaling.storage.write_atomic``)."""
+    from scaling.storage import write_atomic
+
+    write_atomic(path, text)
 
 
 def write_record(run_dir, record: RunRecord) -> None:

@@ -18,6 +18,7 @@ import traceback
 from etils import epath
 
 from scaling.config import TrainConfig, config_id, from_dict
+from scaling.storage import is_remote, write_atomic
 
 
 def code_version() -> str:
@@ -42,7 +43,7 @@ def absolute_path(path) -> epath.Path:
     """``path`` as an absolute ``epath.Path``: a local path is resolved against the current directory
     (orbax and a later ``cd`` both need that); a URI such as ``gs://bucket/dir`` is kept as it is."""
     text = str(path)
-    if "://" in text:
+    if is_remote(text):
         return epath.Path(text)
     return epath.Path(os.path.abspath(os.path.expanduser(text)))
 
@@ -79,7 +80,7 @@ def log_failure(run_dir: epath.Path, error: BaseException) -> str | None:
         path = run_dir / "error.log"
         previous = path.read_text() if path.exists() else ""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        path.write_text(previous + f"--- {stamp} ---\n" + traceback.format_exc())
+        write_atomic(path, previous + f"--- {stamp} ---\n" + traceback.format_exc())
         return path.name
     except Exception:  # noqa: BLE001 - the record must still be written
         return None

@@ -1,7 +1,8 @@
 """Metric tracking: one seam for JSONL files, wandb and the progress bar.
 
-Every metric always goes to ``metrics.jsonl`` in the run directory (one JSON
-object per line, with ``step``). wandb is used on process 0 only; it runs
+Every metric always goes to the run's metrics log (``metrics.jsonl`` in the
+run directory, one JSON object per line, with ``step``; on object stores one
+new object per flush: see ``metrics_log.py``). wandb is used on process 0 only; it runs
 offline unless online mode is asked for *and* an API key is configured, so a
 laptop or CI run never needs an account. The wandb run id is chosen by us and
 stored with the checkpoint, so a resumed run continues the same wandb run.
@@ -9,7 +10,6 @@ stored with the checkpoint, so a resumed run continues the same wandb run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
@@ -19,6 +19,9 @@ import time
 from etils import epath
 
 from scaling import progress
+
+from scaling.storage import is_remote
+from scaling.metrics_log import MetricsLog, read_metrics  # noqa: F401 - read_metrics is part of the API
 
 
 def wandb_mode(requested: str) -> str:
@@ -61,9 +64,9 @@ class Tracker:
                  keep_until_step: int | None = None):
         self.run_dir = epath.Path(run_dir)
         self.is_main = is_main_process
-        self._metrics_path = self.run_dir / "metrics.jsonl"
+        self._log = MetricsLog(self.run_dir)
         self._rows: dict[int, dict] = {}  # step -> merged metrics not yet written
-        self._local = "://" not in str(run_dir)  # gs://, s3://, memory:// ... are object stores
+        self._local = not is_remote(run_dir)  # gs://, s3://, memory:// ... are object stores
         self.wandb_run = None
         self.wandb_id = wandb_id
         self.mode = wandb_mode(mode)
@@ -90,24 +93,9 @@ class Tracker:
             self._bar_timed = False
 
     def _cut_metrics(self, keep_until_step: int | None) -> None:
-        if not self._metrics_path.exists():
-            return
-        kept = []
-        if keep_until_step is not None:
-            for line in self._metrics_path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a crash
-                if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
-                    continue
-                if row["step"] < keep_until_step:
-                    kept.append(line)
-                elif row["step"] == keep_until_step:  # pending again: what the resumed run logs there merges in
-                    self._rows[keep_until_step] = {k: v for k, v in row.items() if k != "step"}
-        from scaling.records import write_json_atomic
-
-        write_json_atomic(self._metrics_path, "".join(line + "\n" for line in kept))
+        held = self._log.cut(keep_until_step)
+        if held is not None:  # pending again: what the resumed run logs there merges in
+            self._rows[keep_until_step] = held
 
     def log(self, step: int, metrics: dict) -> None:
         """Record ``metrics`` (floats, or None for a missing value) at ``step``: JSONL, wandb, progress bar."""
@@ -139,14 +127,7 @@ class Tracker:
         steps = sorted(s for s in self._rows if through_step is None or s <= through_step)
         if not steps:
             return
-        text = "".join(json.dumps({"step": s, **{k: _json_value(v) for k, v in self._rows.pop(s).items()}},
-                                  allow_nan=False) + "\n" for s in steps)
-        if self._local:
-            with self._metrics_path.open("a") as handle:
-                handle.write(text)
-        else:  # object stores cannot append: rewrite the whole file
-            previous = self._metrics_path.read_text() if self._metrics_path.exists() else ""
-            self._metrics_path.write_text(previous + text)
+        self._log.append([{"step": s, **{k: _json_value(v) for k, v in self._rows.pop(s).items()}} for s in steps])
 
     def discard_pending(self) -> None:
         """Drop rows not yet written (this process no longer owns the run's files)."""

@@ -14,8 +14,11 @@ Read top to bottom (the optimizer is in ``optim.py``):
 Guarantees:
 - A step whose loss or gradient norm is not finite is not applied, so
   a NaN state never reaches a checkpoint; the run stops as ``diverged``.
-- SIGTERM (how TPU preemption arrives) makes the loop save at the next step
-  boundary and exit with ``PREEMPTED_EXIT_CODE``; rerunning resumes there.
+- SIGTERM (how TPU preemption arrives) and Ctrl-C (SIGINT) make the loop
+  save at the next step boundary, record the run as ``stopped`` and exit
+  with ``PREEMPTED_EXIT_CODE``; rerunning resumes there. A second Ctrl-C
+  exits at once. A checkpoint write that storage does not finish within
+  its deadline fails the run with one line (``checkpoints.py``).
 
 The command line tunes glibc's allocator for XLA:CPU (``tune_cpu_allocator``,
 in ``cpu_allocator.py``) before JAX starts; importing this module changes
@@ -27,6 +30,7 @@ Command line: ``python -m scaling.train --help``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -46,7 +50,7 @@ import optax
 from etils import epath
 
 from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, records, rundir
-from scaling.checkpoints import Checkpoints
+from scaling.checkpoints import Checkpoints, WriteAbandoned, exit_now_if_abandoned
 from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa: F401 - used by the CLIs
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
 from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
@@ -237,21 +241,39 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
             finished = agreed
         if finished:
             return previous
-        # Listen for SIGTERM from the start: a preemption during data loading or
-        # compilation must stop the run too, not only one arriving mid-training.
+        # Listen for SIGTERM and Ctrl-C from the start: a preemption during data
+        # loading or compilation must stop the run too, not only one arriving mid-training.
         stop_requested = {"flag": False, "lease": run_lease}
-        in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
-        previous_handler = signal.getsignal(signal.SIGTERM)
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, lambda *_: stop_requested.__setitem__("flag", True))
-        try:
+        with stop_signals(stop_requested):
             return _prepare_and_train(config, run_dir, devices, show_progress, stop_requested)
-        finally:
-            if in_main_thread:
-                signal.signal(signal.SIGTERM, previous_handler)
     finally:
         if run_lease is not None and not run_lease.lost:
             run_lease.release()
+
+
+@contextlib.contextmanager
+def stop_signals(stop_requested: dict):
+    """While inside, SIGTERM and SIGINT (Ctrl-C) ask the run to stop: ``stop_requested["flag"]`` is set and
+    ``["signal"]`` names the signal; the loop saves a checkpoint and raises ``Preempted``. A second
+    Ctrl-C exits the process at once (status 130), saving nothing more. Outside the main thread,
+    where Python cannot install handlers, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(number, _frame):
+        name = signal.Signals(number).name
+        if number == signal.SIGINT and stop_requested["flag"]:
+            os.write(2, b"interrupted again: exiting now, without waiting for the checkpoint\n")
+            os._exit(130)
+        stop_requested["flag"], stop_requested["signal"] = True, name
+
+    previous = {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
 
 
 def _prepare_and_train(config: TrainConfig, run_dir: epath.Path, devices, show_progress: bool,
@@ -276,7 +298,11 @@ def _prepare_and_train(config: TrainConfig, run_dir: epath.Path, devices, show_p
         mesh = mesh_lib.make_mesh(resolved.mesh, devices)
         mesh_lib.check_batch(mesh, resolved.batch_size, microbatches=resolved.microbatches)
         return _train(resolved, run_dir, pipeline, mesh, record, show_progress, stop_requested)
-    except (Preempted, LeaseLost):
+    except Preempted as stop:
+        if main_process:  # resumable, not failed
+            records.write_record(run_dir, record.replace(status="stopped", error=str(stop)))
+        raise
+    except LeaseLost:
         raise
     except BaseException as error:
         if main_process and not (stop_requested["lease"] is not None and stop_requested["lease"].lost):
@@ -292,7 +318,8 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: rec
     mask_id = pipeline.mask_id if (config.model.objective == "masked" and pipeline.kind == "lm") else None
     label_ids = pipeline.LABEL_TOKENS if pipeline.kind == "classification" else None
     program = build(config, mesh, mask_id=mask_id, random_token_limit=pipeline.vocab_size, label_ids=label_ids)
-    checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state)
+    checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state,
+                              should_stop=lambda: stop_requested["flag"])
     tracker = None
     try:
         restored = checkpoints.restore_newest()
@@ -332,6 +359,18 @@ def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: rec
     return record
 
 
+@contextlib.contextmanager
+def stop_if_abandoned(stop_requested: dict):
+    """A checkpoint write given up on because a stop arrived while it hung becomes ``Preempted``."""
+    try:
+        yield
+    except WriteAbandoned as error:
+        if not error.stopped:
+            raise
+        raise Preempted(f"stopped by {stop_requested.get('signal', 'SIGTERM')} while waiting for a write that "
+                        f"storage did not finish ({error}); resumes from the previous checkpoint") from None
+
+
 def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta, start_step, record, started,
           stop_requested):
     """Train from ``start_step`` to the end; returns the final record and state."""
@@ -347,12 +386,14 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
         check_lease(stop_requested, read_now=True)
         tracker.flush(through_step=step)
         meta["wall_seconds"] = earlier_seconds + time.perf_counter() - started
-        checkpoints.save(step, state, meta, force=force)
+        with stop_if_abandoned(stop_requested):
+            checkpoints.save(step, state, meta, force=force)
 
     stop_check = StopCheck(start_step)
     if stop_check.agree(stop_requested["flag"], start_step):  # SIGTERM while loading or compiling
         tracker.close(exit_code=PREEMPTED_EXIT_CODE)
-        raise Preempted(f"stopped by SIGTERM before training resumed at step {start_step}")
+        raise Preempted(f"stopped by {stop_requested.get('signal', 'SIGTERM')} before training resumed at step "
+                        f"{start_step}")
 
     # Classification rows are padded to their split's longest string, not to seq_len.
     row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
@@ -398,9 +439,11 @@ def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta,
             if stop_check.due(done) and stop_check.agree(stop_requested["flag"], done):
                 if not saved:  # a second save of the same step would fail
                     save(done, force=True)
-                checkpoints.finish()
+                with stop_if_abandoned(stop_requested):
+                    checkpoints.finish()
                 tracker.close(exit_code=PREEMPTED_EXIT_CODE)
-                raise Preempted(f"stopped by SIGTERM after step {done}; checkpoint saved")
+                raise Preempted(f"stopped by {stop_requested.get('signal', 'SIGTERM')} after step {done}; "
+                                "checkpoint saved")
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
@@ -476,6 +519,10 @@ def main(argv=None) -> int:
         return 2
     tune_cpu_allocator()
     mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    return exit_now_if_abandoned(_run_command(config, args))
+
+
+def _run_command(config: TrainConfig, args) -> int:
     try:
         result = run(config, args.workdir, show_progress=not args.no_progress)
     except Preempted as stop:

@@ -103,6 +103,11 @@ MODES = ("single", "host-parallel", "pod-wide")
 TPU_CHIPS_PER_HOST = 4  # every host of a multi-host v2, v3, v4, v5e, v5p or v6e slice
 TPU_COORDINATOR_PORT = 8482  # the port JAX's TPU cluster detection uses for worker 0
 METADATA_TIMEOUT_SECONDS = 5.0
+# JAX's get_metadata (jax/_src/clusters/cloud_tpu_cluster.py) asks up to 6 times, 0.5 s apart.
+METADATA_TRIES, METADATA_RETRY_SECONDS = 6, 0.5
+# GKE's TPU webhook and device plugin describe the whole multi-host slice with these too (besides the
+# TPU_* ones replaced by tpu_single_host_env); libtpu would still see the slice through them.
+GKE_MULTI_HOST_VARIABLES = ("TPU_PROCESS_ADDRESSES", "HOST_BOUNDS", "CHIPS_PER_HOST_BOUNDS", "WRAP", "ALT")
 # Families whose accelerator-type suffix counts TensorCores (two per chip), not chips.
 _CORE_COUNTED = ("v2", "v3", "v4", "v5p")
 # Families whose chips form a 3-D torus: one host's 4 chips are 2x2x1, elsewhere 2x2.
@@ -138,9 +143,10 @@ class HostPlan:
     env: dict
     distributed: dict
     cluster: Cluster
+    unset: tuple[str, ...] = ()  # variables to remove before JAX starts (GKE's multi-host topology)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "shard": list(self.shard), "env": dict(self.env),
+        return {"mode": self.mode, "shard": list(self.shard), "env": dict(self.env), "unset": list(self.unset),
                 "distributed": dict(self.distributed), "cluster": dataclasses.asdict(self.cluster)}
 
     def describe(self) -> str:
@@ -150,6 +156,7 @@ class HostPlan:
                  + (f", accelerator {cluster.accelerator_type}" if cluster.accelerator_type else ""),
                  f"mode: {self.mode}, share {self.shard[0]}/{self.shard[1]}"]
         lines += [f"env: {key}={value}" for key, value in sorted(self.env.items())]
+        lines += [f"env: {key} unset" for key in self.unset]
         if not settings.get("initialize"):
             lines.append("jax.distributed: not initialised (one process)")
         elif settings.get("auto"):
@@ -171,19 +178,34 @@ def metadata_url(environ, key: str) -> str:
     return f"http://{host}/computeMetadata/v1/instance/attributes/{key}"
 
 
-def read_metadata(environ, key: str, timeout: float = METADATA_TIMEOUT_SECONDS) -> str | None:
-    """The metadata attribute ``key`` as text, or None when the server has no such attribute (HTTP 404)."""
+def read_metadata(environ, key: str, timeout: float = METADATA_TIMEOUT_SECONDS,
+                  tries: int = METADATA_TRIES) -> str | None:
+    """The metadata attribute ``key`` as text, or None when the server has no such attribute (HTTP 404).
+
+    Like JAX's ``get_metadata``, a failed read is tried again, up to ``tries`` times
+    ``METADATA_RETRY_SECONDS`` apart: any answer but 200 and 404 (JAX retries 404 too, but it is
+    the server's final word that an attribute is absent), and here also a refused or timed-out
+    connection (the server restarting).
+    """
+    import time
+
     request = urllib.request.Request(metadata_url(environ, key), headers={"Metadata-Flavor": "Google"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.read().decode().strip()
-    except urllib.error.HTTPError as error:
-        if error.code == 404:
-            return None
-        raise HostError(f"GCE metadata server: {key} answered HTTP {error.code}") from None
-    except (urllib.error.URLError, OSError) as error:
-        raise HostError(f"cannot reach the GCE metadata server for {key} ({error}); pass --shard I/N, "
-                        "or unset GCE_METADATA_IP if this is not a TPU VM") from None
+    for attempt in range(tries):
+        last = attempt == tries - 1
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.read().decode().strip()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            if last:
+                raise HostError(f"GCE metadata server: {key} answered HTTP {error.code} ({tries} tries)") from None
+        except (urllib.error.URLError, OSError) as error:
+            if last:
+                raise HostError(f"cannot reach the GCE metadata server for {key} ({error}; {tries} tries); pass "
+                                "--shard I/N, or unset GCE_METADATA_IP if this is not a TPU VM") from None
+        time.sleep(METADATA_RETRY_SECONDS)
+    return None
 
 
 def tpu_chips_attached() -> bool:
@@ -314,21 +336,27 @@ def decide(environ, *, pod_wide: bool = False, shard: tuple[int, int] | None = N
     cluster = detect_cluster(environ) if cluster is None else cluster
     if pod_wide:
         return HostPlan("pod-wide", (0, 1), {}, _distributed(cluster), cluster)
-    env = {}
+    env, unset = {}, ()
     if cluster.kind in ("gce-tpu", "gke-tpu") and cluster.count > 1:
         env = tpu_single_host_env(cluster)
+        if cluster.kind == "gke-tpu":
+            unset = tuple(name for name in GKE_MULTI_HOST_VARIABLES if name in environ)
     elif cluster.kind == "slurm":
         env = slurm_gpu_env(environ)
     if shard is None and cluster.count > 1:
         shard = (cluster.index, cluster.count)
     if shard is None or shard[1] == 1:
-        return HostPlan("single", (0, 1), env, {"initialize": False}, cluster)
-    return HostPlan("host-parallel", tuple(shard), env, {"initialize": False}, cluster)
+        return HostPlan("single", (0, 1), env, {"initialize": False}, cluster, unset)
+    return HostPlan("host-parallel", tuple(shard), env, {"initialize": False}, cluster, unset)
 
 
 def apply(plan: HostPlan, environ=None) -> None:
-    """Put ``plan.env`` into the process environment; must run before JAX starts its backend."""
-    (os.environ if environ is None else environ).update(plan.env)
+    """Put ``plan.env`` into the process environment and remove ``plan.unset``; must run before JAX
+    starts its backend."""
+    environ = os.environ if environ is None else environ
+    environ.update(plan.env)
+    for name in plan.unset:
+        environ.pop(name, None)
 
 
 def initialize(plan: HostPlan) -> None:

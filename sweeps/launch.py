@@ -225,7 +225,7 @@ def cmd_run(sweep: Sweep, args) -> int:
     from etils import epath
     from tqdm.auto import tqdm
 
-    from scaling import lease, progress, records, rundir
+    from scaling import checkpoints, lease, progress, records, rundir
 
     main_process = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
@@ -281,6 +281,9 @@ def cmd_run(sweep: Sweep, args) -> int:
                 say(f"{run.name}: not trained: {error}")
             except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
                 not_trained.append(run.name)
+                if checkpoints.abandoned_writes():  # storage stopped answering: the other runs would hang too
+                    say(f"{run.name}: failed: {rundir.one_line(error)}; stopping the sweep")
+                    return 1
                 log = run_dir / "error.log"
                 where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
                 say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
@@ -488,7 +491,10 @@ def main(argv=None) -> int:
             return args.function(args)
         args.workdir = _resolve_workdir(args.workdir)
         sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
-        return args.function(sweep, args)
+        code = args.function(sweep, args)
+        if "scaling.checkpoints" in sys.modules:  # a run trained here: never wait on an abandoned write
+            return sys.modules["scaling.checkpoints"].exit_now_if_abandoned(code)
+        return code
     except ValueError as error:  # SweepFileError, LauncherError and config validation errors
         print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
         return 2

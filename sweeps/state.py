@@ -53,7 +53,7 @@ def read_state(run: RunSpec, workdir) -> RunState:
     except OSError:
         steps = []
     step = max(steps) if steps else None
-    if status not in ("finished", "diverged", "failed", "unreadable"):
+    if status not in ("finished", "diverged", "failed", "unreadable"):  # running, stopped or no record
         status = "resumable" if step is not None else "pending"
     return RunState(run, status, step, record)
 

@@ -41,3 +41,42 @@ def eight_devices():
     if len(devices) < 8:
         pytest.fail(f"expected 8 fake CPU devices, found {len(devices)}; is the backend started before conftest?")
     return devices[:8]
+
+
+# ---------------------------------------------------------------------------
+# A local Cloud Storage (fake-gcs-server from the dev extra; see tests/gcs_emulator.py)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """fake-gcs-server on 127.0.0.1 at a free port for this test session (per xdist worker)."""
+    from gcs_emulator import Emulator
+
+    folder = tmp_path_factory.mktemp("gcs-emulator")
+    server = Emulator(folder / "objects", folder / "server.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs(gcs_emulator, monkeypatch, tmp_path):
+    """A fresh, empty bucket on the emulator: its ``gs://`` URL. ``STORAGE_EMULATOR_HOST`` points at the
+    emulator for the test (and the processes it starts); the test runs in an empty local directory,
+    and nothing may land there."""
+    import uuid
+
+    from scaling import storage
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
+    for name in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test; use_emulator sets them from the above
+    storage.use_emulator()
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    gcs_emulator.create_bucket(bucket)
+    local = tmp_path / "cwd"
+    local.mkdir()
+    monkeypatch.chdir(local)
+    yield f"gs://{bucket}"
+    leftovers = [p.name for p in local.iterdir()]
+    assert not leftovers, f"files landed on the local disk: {leftovers}"

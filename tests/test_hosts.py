@@ -231,3 +231,49 @@ def test_check_starts_jax_as_run_would_and_reports_what_it_sees(metadata_server)
                          timeout=120)
     assert tpu.returncode == 1
     assert "mode host-parallel, shard 2/4, process 0 of 1" in tpu.stdout and "PROBLEM: JAX runs on cpu" in tpu.stdout
+
+
+def test_gke_host_parallel_also_clears_the_unprefixed_topology_variables():
+    slice_env = {"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+                 "TPU_PROCESS_ADDRESSES": "h0:8476,h1:8476", "HOST_BOUNDS": "1,2,1", "CHIPS_PER_HOST_BOUNDS": "2,2,1",
+                 "WRAP": "false,false,false", "ALT": "false"}
+    plan = hosts.decide(slice_env)
+    assert (plan.mode, plan.shard) == ("host-parallel", (1, 2))
+    assert set(plan.unset) == {"TPU_PROCESS_ADDRESSES", "HOST_BOUNDS", "CHIPS_PER_HOST_BOUNDS", "WRAP", "ALT"}
+    environ = dict(slice_env)
+    hosts.apply(plan, environ)
+    assert not set(plan.unset) & set(environ) and environ["TPU_WORKER_HOSTNAMES"] == "localhost"
+    assert hosts.decide(environ).mode == "single"  # a one-host job now, also to TPU_PROCESS_ADDRESSES readers
+    assert "env: HOST_BOUNDS unset" in plan.describe() and plan.to_dict()["unset"] == list(plan.unset)
+    assert hosts.decide(slice_env, pod_wide=True).unset == ()  # pod-wide keeps the slice's topology
+
+
+def test_metadata_reads_are_retried_as_jax_retries_them(monkeypatch):
+    answers = iter([503, 500, 200])
+    requested = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            requested.append(self.path)
+            code = next(answers, 503)
+            body = b"2" if code == 200 else b""
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(hosts, "METADATA_RETRY_SECONDS", 0.01)
+    try:
+        environ = {"GCE_METADATA_IP": f"127.0.0.1:{server.server_address[1]}"}
+        assert hosts.read_metadata(environ, "agent-worker-number") == "2" and len(requested) == 3
+        with pytest.raises(hosts.HostError, match="HTTP 503 .6 tries"):
+            hosts.read_metadata(environ, "agent-worker-number")  # answers 503 from now on
+        assert len(requested) == 3 + hosts.METADATA_TRIES
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -128,68 +128,32 @@ def test_a_live_lease_blocks_and_a_stale_one_is_taken_over(tmp_path):
     assert not (tmp_path / "lease.json").exists()
 
 
-class _FakeGcsBucket:
-    """Cloud Storage's documented generation semantics, in memory: every write bumps an object's
-    generation, and ``if_generation_match`` (0 = "no object yet") makes a write conditional."""
+def test_a_gs_lease_is_taken_and_renewed_under_generation_preconditions(gcs):
+    # Against the storage emulator through google-cloud-storage: its generations are the compare-and-swap.
+    from google.cloud import storage
 
-    def __init__(self, exceptions):
-        self.objects, self.exceptions = {}, exceptions  # name -> (text, generation, updated)
-
-    def blob(self, name):
-        import datetime
-        import types
-
-        bucket = self
-
-        def upload_from_string(text, if_generation_match=None):
-            current = bucket.objects.get(name, (None, 0, None))[1]
-            if if_generation_match is not None and if_generation_match != current:
-                raise bucket.exceptions.PreconditionFailed(f"{name}: generation {current}")
-            bucket.objects[name] = (text, current + 1, datetime.datetime.now(datetime.timezone.utc))
-
-        def delete():
-            if bucket.objects.pop(name, None) is None:
-                raise bucket.exceptions.NotFound(name)
-
-        return types.SimpleNamespace(upload_from_string=upload_from_string, delete=delete)
-
-    def get_blob(self, name):
-        import types
-
-        if name not in self.objects:
-            return None
-        text, generation, updated = self.objects[name]
-        return types.SimpleNamespace(generation=generation, updated=updated, download_as_text=lambda: text)
-
-
-def test_a_gs_lease_is_taken_and_renewed_under_generation_preconditions(monkeypatch):
-    exceptions = pytest.importorskip("google.api_core.exceptions", reason="google-cloud-storage (tpu extra)")
-    storage = pytest.importorskip("google.cloud.storage", reason="google-cloud-storage (tpu extra)")
-    import types
-
-    bucket = _FakeGcsBucket(exceptions)
-    monkeypatch.setattr(storage, "Client", lambda: types.SimpleNamespace(bucket=lambda name: bucket))
-    run = "gs://bucket/sweep/run"
+    run = f"{gcs}/sweep/run"
     holder = lease.Lease(run, heartbeat_seconds=3600).acquire()
     assert type(holder._store).__name__ == "_GcsStore"
     with pytest.raises(lease.RunBusy):
         lease.Lease(run).acquire()
-    name = "sweep/run/lease.json"
-    _, generation, _ = bucket.objects[name]
+    bucket = storage.Client().bucket(gcs[len("gs://"):])
+    blob = bucket.get_blob("sweep/run/lease.json")  # a blob object stands for one generation
     store = holder._store
     # Compare-and-swap: of two writers holding the same generation, only the first wins.
-    assert store.take_over(run, generation, holder._content())
-    assert not store.take_over(run, generation, holder._content())
+    assert store.take_over(run, blob.generation, holder._content())
+    assert not store.take_over(run, blob.generation, holder._content())
     # A heartbeat 1000 s old is stale: a successor takes over, and the old holder finds out.
-    text, generation, updated = bucket.objects[name]
-    bucket.objects[name] = (json.dumps({**json.loads(text), "heartbeat": time.time() - 1000}), generation, updated)
+    blob = bucket.get_blob("sweep/run/lease.json")
+    blob.upload_from_string(json.dumps({**json.loads(blob.download_as_text()), "heartbeat": time.time() - 1000}),
+                            if_generation_match=blob.generation)
     successor = lease.Lease(run, heartbeat_seconds=3600).acquire()
-    assert json.loads(bucket.objects[name][0])["token"] == successor.token
+    assert json.loads(bucket.get_blob("sweep/run/lease.json").download_as_text())["token"] == successor.token
     assert holder.holder()["token"] == successor.token
     holder.release()  # not its lease any more: left alone
-    assert name in bucket.objects
+    assert bucket.get_blob("sweep/run/lease.json") is not None
     successor.release()
-    assert name not in bucket.objects
+    assert bucket.get_blob("sweep/run/lease.json") is None
 
 
 def test_a_holder_that_cannot_renew_gives_up_before_it_could_be_taken_over(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -183,6 +184,44 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path):
     assert min(s for s in steps_logged if s > saved[0]) == (saved[0] // 5 + 1) * 5
     assert json.loads((workdir / "result.json").read_text())["steps"] == 400
     assert _wandb_run_ids(workdir) == wandb_id_before  # one wandb id across the restart
+
+
+def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
+    config = small_config(steps=400, log_every=5, checkpoint_every=1000, wandb_mode="disabled")
+    workdir = tmp_path / "interrupted"
+    proc = subprocess.Popen(_cli(workdir, config), cwd=REPO, env=_env(1), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: (workdir / "metrics.jsonl").exists() and len(losses(workdir)) >= 2, 240, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == train.PREEMPTED_EXIT_CODE, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    [line] = [line for line in err.splitlines() if "stopped by" in line]
+    assert line.startswith("stopped by SIGINT after step ") and line.endswith("checkpoint saved")
+    record = json.loads((workdir / "result.json").read_text())
+    assert record["status"] == "stopped" and record["error"] == line  # resumable, not failed
+    saved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1
+
+    # Two presses: the first asks for a checkpoint, the second exits at once. (Two signals sent back to
+    # back reach Python's handler as one, so they are sent from inside, a moment apart.)
+    code = textwrap.dedent("""
+        import os, signal, time
+        from scaling import train
+        stop = {"flag": False, "lease": None}
+        with train.stop_signals(stop):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+            print("asked to stop:", stop["flag"], stop["signal"], flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+            print("still running", flush=True)
+    """)
+    sent = time.time()
+    twice = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(1), capture_output=True, text=True,
+                           timeout=60)
+    assert twice.returncode == 130 and time.time() - sent < 25, twice.stderr
+    assert twice.stdout == "asked to stop: True SIGINT\n" and "interrupted again: exiting now" in twice.stderr
 
 
 def _wandb_records(path: Path):
