@@ -58,6 +58,7 @@ import re
 import signal
 import sys
 
+from scaling.storage import is_remote
 from sweeps import hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
@@ -452,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _resolve_workdir(text: str) -> str:
     """The work directory as an absolute path (URIs unchanged); ``LauncherError`` if it is a file."""
-    if "://" in text:
+    if is_remote(text):
         return text
     path = os.path.abspath(os.path.expanduser(text))
     if os.path.exists(path) and not os.path.isdir(path):
