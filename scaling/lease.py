@@ -35,6 +35,8 @@ import threading
 import time
 import uuid
 
+from scaling.storage import is_remote
+
 LEASE_FILE = "lease.json"
 STALE_SECONDS = 300.0  # a lease whose heartbeat is older than this is presumed abandoned
 HEARTBEAT_SECONDS = 30.0
@@ -329,6 +331,6 @@ def _store_for(path: str):
                   "google-cloud-storage from the tpu extra and credentials give exact ones): two launchers "
                   "racing within one round trip could both train a run", file=sys.stderr)
             return _BestEffortStore(path)
-    if "://" in path:
+    if is_remote(path):
         return _BestEffortStore(path)
     return _LocalStore()

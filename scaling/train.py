@@ -52,6 +52,7 @@ from etils import epath
 from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, records, rundir
 from scaling.checkpoints import Checkpoints, WriteAbandoned, exit_now_if_abandoned
 from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa: F401 - used by the CLIs
+from scaling.storage import is_remote
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
 from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
@@ -514,7 +515,7 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if "://" not in args.workdir and os.path.isfile(os.path.expanduser(args.workdir)):
+    if not is_remote(args.workdir) and os.path.isfile(os.path.expanduser(args.workdir)):
         print(f"error: --workdir {args.workdir}: is a file, not a directory", file=sys.stderr)
         return 2
     tune_cpu_allocator()

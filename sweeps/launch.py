@@ -61,6 +61,7 @@ import signal
 import sys
 
 from scaling import cli
+from scaling.storage import is_remote
 from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
@@ -474,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _resolve_workdir(text: str) -> str:
     """The work directory as an absolute path (URIs unchanged); ``LauncherError`` if it is a file."""
-    if "://" in text:
+    if is_remote(text):
         return text
     path = os.path.abspath(os.path.expanduser(text))
     if os.path.exists(path) and not os.path.isdir(path):
