@@ -128,8 +128,14 @@ def format_report(before: dict, after: dict, prices: dict) -> str:
                      f"{was.get('bound') or '-':>11} {_cell(was.get('estimated_mfu'), '.1%'):>6}   "
                      f"{_cell(row['estimated_step_seconds'], '.4f'):>13} {row['bound'] or '-':>11} "
                      f"{_cell(row['estimated_mfu'], '.1%'):>6} {loops:>17}")
-    for side, data in (("before", before), ("after", after)):
-        cost = sweep_cost(data["paper"], after["runs"], prices)
+    # Before and after are compared on the runs both sides compiled; the after side is also totalled alone.
+    compiled_before = {row["name"].rsplit("-s", 1)[0] for row in before["paper"]}
+    common = [name for name in after["runs"] if name.rsplit("-s", 1)[0] in compiled_before]
+    sides = [("before", before, common), ("after", after, common)]
+    if len(common) < len(after["runs"]):
+        sides.append(("after, every run", after, after["runs"]))
+    for side, data, names in sides:
+        cost = sweep_cost(data["paper"], names, prices)
         lines.append(f"paper sweep {side}, {cost['runs']} runs on one {PAPER_TOPOLOGY} host: "
                      f"{_cell(cost['chip_hours'], ',.1f')} chip-hours ({_cell(cost['wall_hours'], ',.1f')} h wall), "
                      f"${_cell(cost['usd_on_demand'], ',.0f')} on-demand, ${_cell(cost['usd_spot'], ',.0f')} Spot")

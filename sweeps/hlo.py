@@ -236,7 +236,8 @@ def trip_count(module: Module, caller: Computation, loop: Instruction) -> int | 
     if start is None or update is None or update.opcode not in ("add", "subtract") or len(update.operands) != 2:
         return None
     step = None
-    for counter, increment in (update.operands, update.operands[::-1]):
+    orders = [update.operands] if update.opcode == "subtract" else [update.operands, update.operands[::-1]]
+    for counter, increment in orders:  # counter - constant, or counter + constant either way round
         if _tuple_index(body, counter) == index and _constant(body, increment) is not None:
             step = _constant(body, increment) * (1 if update.opcode == "add" else -1)
             break

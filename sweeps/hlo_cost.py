@@ -46,7 +46,6 @@ from sweeps.hlo_collectives import bytes_sent, replica_group  # noqa: F401 - par
 from sweeps.hlo_ops import COLLECTIVES, FREE_TARGETS, Machine
 
 
-
 @dataclasses.dataclass
 class Cost:
     """Costs of one execution of a computation (or a whole program), per chip.
