@@ -21,14 +21,19 @@ from scaling.config import TrainConfig, config_id, from_dict
 from scaling.storage import is_remote, write_atomic
 
 
-def code_version() -> str:
-    """The git commit of this source tree (with ``+dirty`` if modified), else the package version."""
-    here = epath.Path(__file__).parent
+def code_version(source_dir=None) -> str:
+    """The git commit of this source tree (with ``+dirty`` if modified), else the package version.
+
+    Files under the repository's ``results/`` do not make the tree dirty: committed experiments keep their
+    records there, and the launcher rewrites their ``sweep.json`` itself, so a run trained from clean code
+    would otherwise be stamped as modified. ``source_dir``: a folder of the tree (default: this package's)."""
+    here = epath.Path(source_dir) if source_dir is not None else epath.Path(__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ":(top,exclude)results"], cwd=here, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
         return commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import PackageNotFoundError, version
