@@ -61,7 +61,7 @@ import jax
 import numpy as np
 
 from scaling import budget, mesh as mesh_lib, train
-from scaling.config import TrainConfig, to_dict
+from scaling.config import CLASSIFICATION_SOURCES, TrainConfig, to_dict
 from scaling.flops import model_flops_utilization
 from sweeps import kernels, roofline
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
@@ -204,7 +204,7 @@ def _compile(config: TrainConfig, mesh):
 
 def _masking(config: TrainConfig) -> dict:
     # The masked objective masks on device; any token id gives the same program.
-    if config.model.objective == "masked" and config.data.source not in ("parity", "first"):
+    if config.model.objective == "masked" and config.data.source not in CLASSIFICATION_SOURCES:
         return {"mask_id": config.model.vocab_size - 1, "random_token_limit": config.model.vocab_size}
     return {}
 
