@@ -52,6 +52,8 @@ import sys
 import time
 from pathlib import Path
 
+from scaling.cli import fmt
+
 HERE = Path(__file__).resolve().parent
 BEFORE = HERE / "pod_report_before.json"
 PRICES = {"on_demand": 1.20, "spot": 0.48}  # USD per v5e chip-hour; see the module docstring
@@ -112,7 +114,7 @@ def gpt3_cost(row: dict, prices: dict, steps: int = 1000) -> dict:
 
 
 def _cell(value, form: str) -> str:
-    return "unknown" if value is None else format(value, form)
+    return fmt(value, form, missing="unknown")
 
 
 def format_report(before: dict, after: dict, prices: dict) -> str:
