@@ -27,3 +27,11 @@ def fmt(value, spec: str, missing: str = "-") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return missing
     return format(value, spec)
+
+
+def doc_parser(doc: str, **kwargs) -> argparse.ArgumentParser:
+    """A parser whose ``--help`` shows a script's docstring as written: its first
+    paragraph as the description, the rest (units, sources, caveats) after the options."""
+    first, _, rest = doc.strip().partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest or None,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
