@@ -25,7 +25,7 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 # Every section refuses unknown keys and non-finite floats; lax mode turns
 # integral floats into ints (``1e3`` in a JSON file) but refuses ``10.7`` steps.
 _SECTION = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
-section = pydantic.dataclasses.dataclass(frozen=True, config=_SECTION)
+_section = pydantic.dataclasses.dataclass(frozen=True, config=_SECTION)
 
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 Probability = Annotated[float, Field(ge=0, lt=1)]
@@ -54,7 +54,7 @@ def _require(ok: bool, field: str, allowed: str, value: Any) -> None:
         raise ValueError(f"{field}={value!r} is invalid: allowed {allowed}")
 
 
-@section
+@_section
 class ModelConfig:
     """Shape and options of one transformer language model.
 
@@ -127,7 +127,7 @@ class ModelConfig:
         return self.ff_multiplier * self.width
 
 
-@section
+@_section
 class DataConfig:
     """Where tokens come from and how they are cut into sequences.
 
@@ -179,7 +179,7 @@ class DataConfig:
                  f">= synthetic_eval_min_length={self.synthetic_eval_min_length}", self.synthetic_eval_max_length)
 
 
-@section
+@_section
 class OptimConfig:
     """AdamW with warmup then decay, and the learning-rate rule across widths.
 
@@ -220,7 +220,7 @@ DEFAULT_SHARDING_RULES: tuple[ShardingRule, ...] = (
     ("qkv", None),
 )
 
-@section
+@_section
 class MeshConfig:
     """Device mesh shape. One of the axes may be -1, meaning "all the rest"."""
 
@@ -236,7 +236,7 @@ class MeshConfig:
         _require(sum(size == -1 for size in sizes.values()) <= 1, "mesh", "at most one axis equal to -1", sizes)
 
 
-@section
+@_section
 class TrainConfig:
     """Everything one training run needs. Budgets: ``steps`` optimizer steps of
     ``batch_size`` sequences of ``data.seq_len`` tokens each.
