@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from scaling.config import (ModelConfig, OptimConfig, PositionEncoding, TrainConfig, choices, config_id, from_dict,
-                            override, to_dict)
+from scaling.config import (DataConfig, ModelConfig, OptimConfig, PositionEncoding, TrainConfig, choices, config_id,
+                            from_dict, override, to_dict)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,6 +29,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def test_bad_model_config_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
         ModelConfig(**kwargs)
+
+
+def test_flash_needs_sequences_in_blocks_of_128():
+    base = TrainConfig(model=ModelConfig(max_seq_len=256, attention_impl="flash"), data=DataConfig(seq_len=256))
+    assert base.model.attention_impl == "flash"
+    with pytest.raises(ValueError, match="data.seq_len"):
+        dataclasses.replace(base, data=DataConfig(seq_len=100))
+    with pytest.raises(ValueError, match="attention_impl"):
+        ModelConfig(attention_impl="splash")
 
 
 def test_literal_fields_list_their_choices_once():
