@@ -11,6 +11,7 @@ Reads run records only: from the project it imports just ``scaling.records``
 * ``projection`` N_tr(L) ± ΔN (eq. 9), optimal depth and width, Table 1
 * ``paper_table`` Table 1 as the paper prints it, and how each printed value arises
 * ``theory``     separation-rank bounds, L_th = log₃ d
+* ``shapes``     N = 12·L·d² and its inverse d = sqrt(N / (12·L))
 * ``plots``      Figs. 2-4 (matplotlib, Agg backend)
 * ``synthetic``  loss curves with planted transitions, for tests and demos
 

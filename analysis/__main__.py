@@ -27,10 +27,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import tabulate
 
 from analysis import projection
 from analysis.errors import AnalysisInputError
 from analysis.fit import save_fit
+from analysis.shapes import width_at
 
 # The sweep commands import pandas, scipy.stats and matplotlib only when they run,
 # so `optimal`, `table` and `transition-size` start quickly.
@@ -148,8 +150,7 @@ def cmd_table(args) -> int:
             header[5:5] = ["paper L"]
             header[7:7] = ["paper d"]
             header.append("vs the paper")
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
+        table = []
         for row, comparison in zip(rows, comparisons):
             cells = [row["name"], f"{row['params']:.3g}", _fmt(row["trained_depth"], "d"),
                      _fmt(row["trained_width"], "d"), str(row["optimal_depth"]), f"{row['optimal_width']:,.0f}",
@@ -158,7 +159,11 @@ def cmd_table(args) -> int:
                 cells[5:5] = [_fmt(comparison and comparison.paper_depth, "d")]
                 cells[7:7] = [_fmt(comparison and comparison.paper_width, ",d")]
                 cells.append(comparison.note if comparison else "not in the paper's table")
-            print("| " + " | ".join(cells) + " |")
+            table.append(cells)
+        align = ["left"] + ["right"] * (len(header) - 1)  # names left, numbers right, the note left
+        if compared:
+            align[-1] = "left"
+        print(tabulate.tabulate(table, headers=header, tablefmt="pipe", disable_numparse=True, colalign=align))
     return 0
 
 
@@ -170,7 +175,7 @@ def cmd_transition_size(args) -> int:
             size = float(projection.transition_params(depth, fit))
             delta = float(projection.transition_params_error(depth, fit))
         row = {"depth": depth, "n_transition": size, "delta_n": delta, "relative_error": delta / size,
-               "width": math.sqrt(size / (12.0 * depth)), "fit": fit.name, "a": fit.a, "b": fit.b,
+               "width": float(width_at(size, depth)), "fit": fit.name, "a": fit.a, "b": fit.b,
                "note": None}
         if not all(math.isfinite(row[key]) for key in ("n_transition", "delta_n", "relative_error", "width")):
             # JSON has no infinity: give null and say why.

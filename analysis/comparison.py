@@ -19,6 +19,7 @@ from scipy import stats
 
 from analysis.errors import SingleSeedError
 from analysis.points import pooled_seed_std
+from analysis.shapes import width_at
 
 # How far (relative, in N) the deeper curve may be extended beyond its measured range.
 RANGE_TOLERANCE = 0.05
@@ -98,11 +99,6 @@ class PairNoise:
     def describe(self) -> str:
         dof = "known" if math.isinf(self.dof) else f"{self.dof:g} dof"
         return f"seed std {self.std:.3g} nats ({self.source}, {dof})"
-
-
-def width_at(params, depth):
-    """Width d = sqrt(N / (12·L)) in channels for size N (parameters) at depth L (layers)."""
-    return np.sqrt(np.asarray(params, dtype=float) / (12.0 * depth))
 
 
 def _interpolation_matrix(x_known, x_query):

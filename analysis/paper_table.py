@@ -26,6 +26,7 @@ import decimal
 import math
 
 from analysis import projection
+from analysis.shapes import non_embedding_params, width_at
 
 # Table 1 as printed: optimal depth (layers) and width (channels) per GPT-3 shape and for a 1e12 budget.
 PUBLISHED = {
@@ -92,7 +93,7 @@ def _fit_corners(fit):
 
 def _width_note(params: float, paper_depth: int, paper_width: int, fit) -> str:
     """How the printed width arises at the printed depth, or that none of the candidates gives it."""
-    balanced = math.sqrt(params / (12.0 * paper_depth))
+    balanced = float(width_at(params, paper_depth))
     if round_significant(balanced) == paper_width:
         return ""
     if cut_significant(balanced) == paper_width:
@@ -102,7 +103,7 @@ def _width_note(params: float, paper_depth: int, paper_width: int, fit) -> str:
     if min(fitted) <= paper_width <= max(fitted) or round_significant(fitted[0]) == paper_width:
         return (f"d: the fit's transition width e^(a+b·{paper_depth}) = {fitted[0]:,.0f}, not "
                 f"sqrt(N/(12·{paper_depth})) = {balanced:,.0f}; {paper_depth} × {paper_width:,} holds "
-                f"12·L·d² = {12.0 * paper_depth * paper_width ** 2:.3g}, not N")
+                f"12·L·d² = {non_embedding_params(paper_depth, paper_width):.3g}, not N")
     return f"d: not sqrt(N/(12·L)) = {balanced:,.0f} nor e^(a+b·L) = {fitted[0]:,.0f} at L = {paper_depth}"
 
 
@@ -122,7 +123,7 @@ def _depth_note(depth: int, root: float, corners: list, paper_depth: int, params
     direction = "up" if paper_depth > root else "down"
     return (f"L: root {root:.2f}, and {low:.2f}–{high:.2f} for any {_digits()} (the printed digits), so {depth}; "
             f"the printed {paper_depth} is the root rounded {direction}; "
-            f"d = sqrt(N/(12·{paper_depth})) = {math.sqrt(params / (12.0 * paper_depth)):,.1f} follows from it")
+            f"d = sqrt(N/(12·{paper_depth})) = {width_at(params, paper_depth):,.1f} follows from it")
 
 
 def compare(budget, fit) -> Comparison | None:

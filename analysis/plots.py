@@ -34,6 +34,7 @@ from matplotlib.transforms import offset_copy
 from analysis import projection, theory
 from analysis.fit import LogWidthFit
 from analysis.points import aggregate_seeds
+from analysis.shapes import non_embedding_params
 from analysis.transition import Transition, transition_points
 
 # What each estimate of a transition is, in a legend: the zero crossing carries no significance test.
@@ -122,7 +123,7 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
             ax.axvspan(transition.params_before, transition.params_after, color="0.55", alpha=0.35,
                        label="paper rule's bracket" if ax is top else None)
         if transition.crossing_ci:
-            low, high = (12.0 * transition.shallow_depth * w ** 2 for w in transition.crossing_ci)
+            low, high = non_embedding_params(transition.shallow_depth, np.asarray(transition.crossing_ci))
             ax.axvspan(low, high, color="tab:orange", alpha=0.35,
                        label=f"zero crossing, {transition.confidence:.0%} interval" if ax is top else None)
         _log_x(ax)
@@ -237,7 +238,7 @@ def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth
     located = [t for t in transitions if t.estimate(estimate) is not None]
     depth, width, error = transition_points(located, estimate)
     if depth.size:
-        measured = 12.0 * depth * width ** 2
+        measured = non_embedding_params(depth, width)
         relative = 2.0 * error / width  # ΔN/N = 2·Δd/d, drawn in ln N like the band
         ax.errorbar(depth, measured, yerr=(measured * (1 - np.exp(-relative)), measured * (np.exp(relative) - 1)),
                     fmt="s", color="k", ms=4, capsize=2, label=f"your runs: {ESTIMATE_LABELS[estimate]}")

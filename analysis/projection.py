@@ -26,6 +26,7 @@ import numpy as np
 
 from analysis.fit import LogWidthFit, load_fit
 from analysis.errors import AnalysisInputError
+from analysis.shapes import non_embedding_params, width_at
 
 # Eq. 10 of Levine et al. 2020, with their reported goodness of fit.
 FIT_PRESETS = {
@@ -49,7 +50,7 @@ class Budget:
     @classmethod
     def from_shape(cls, name: str, depth: int, width: int) -> "Budget":
         """Budget of a trained shape: N = 12·L·d² parameters."""
-        return cls(name, 12.0 * depth * width ** 2, depth, width)
+        return cls(name, float(non_embedding_params(depth, width)), depth, width)
 
 
 # Table 1's sizes are 12·L·d² of each trained shape (not the headline counts).
@@ -102,8 +103,7 @@ def resolve_fit(spec) -> LogWidthFit:
 
 def transition_params(depth, fit: LogWidthFit):
     """N_tr(L) = 12·L·e^{2a}·e^{2bL} in parameters, at depth L (layers); broadcasts."""
-    depth = np.asarray(depth, dtype=float)
-    return 12.0 * depth * np.exp(2.0 * fit.log_width(depth))
+    return non_embedding_params(depth, np.exp(fit.log_width(np.asarray(depth, dtype=float))))
 
 
 def transition_params_error(depth, fit: LogWidthFit):
@@ -230,7 +230,7 @@ def optimal_shape(params: float, fit: LogWidthFit, head_size: int = 64) -> Optim
     def band(edge):
         return lambda d: np.log(transition_band(d, fit)[edge]) - log_n
 
-    width = math.sqrt(params / (12.0 * depth))
+    width = float(width_at(params, depth))
     width_rounded = int(max(1, round(width / head_size)) * head_size)
     return OptimalShape(
         params=float(params), depth=depth, depth_continuous=centre, width=float(width),
@@ -254,7 +254,7 @@ def rounding_warning(params: float, depth: int, width_rounded: int, head_size: i
     this fires only for small budgets: 1e3 parameters round up to one head of
     64 channels, a shape 49 times the budget.
     """
-    size = 12.0 * depth * width_rounded ** 2
+    size = float(non_embedding_params(depth, width_rounded))
     ratio = size / params
     if abs(ratio - 1.0) <= BUDGET_TOLERANCE:
         return None

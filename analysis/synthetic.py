@@ -20,6 +20,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis.shapes import non_embedding_params, width_at
+
 
 def planted_width(depth, a: float, b: float):
     """Planted transition width e^{a + bL} (channels) of depth L (layers)."""
@@ -29,7 +31,7 @@ def planted_width(depth, a: float, b: float):
 def planted_params(depth, a: float, b: float):
     """Planted transition size 12·L·e^{2(a + bL)} (parameters) of depth L (layers)."""
     depth = np.asarray(depth, dtype=float)
-    return 12.0 * depth * planted_width(depth, a, b) ** 2
+    return non_embedding_params(depth, planted_width(depth, a, b))
 
 
 def expected_loss(depth: int, params, depths, a: float, b: float, slope: float = 0.05,
@@ -61,9 +63,9 @@ def synthetic_runs(depths=(2, 4, 6, 8), a: float = 3.0, b: float = 0.25, seeds: 
         centre = 0.5 * (own + previous)
         steps = np.arange(sizes_per_depth) - (sizes_per_depth - 1) / 2.0
         targets = np.exp(centre + steps * math.log(size_ratio))
-        widths = np.unique(np.maximum(1, np.round(np.sqrt(targets / (12.0 * depth)))).astype(int))
+        widths = np.unique(np.maximum(1, np.round(width_at(targets, depth))).astype(int))
         for width in widths:
-            params = 12.0 * depth * width ** 2
+            params = float(non_embedding_params(depth, width))
             mean = expected_loss(depth, params, depths, a, b, slope=slope)
             for seed in range(seeds):
                 rows.append({"depth": depth, "width": int(width), "params": params, "seed": seed,
@@ -90,7 +92,7 @@ def planted_pair_runs(shallow: int, deep: int, planted_params: float, rng: np.ra
         loss = 2.0 + 3.0 * (params / 1e6) ** -0.15
         if depth == deep:
             loss = loss - slope * (np.log(params) - math.log(planted_params))
-        for width, size, mean in zip(np.sqrt(params / (12.0 * depth)), params, loss):
+        for width, size, mean in zip(width_at(params, depth), params, loss):
             for seed in range(seeds):
                 rows.append({"depth": depth, "width": float(width), "params": float(size), "seed": seed,
                              "loss": float(mean + rng.normal(0.0, noise))})

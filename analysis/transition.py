@@ -45,7 +45,8 @@ import pandas as pd
 from scipy import stats
 
 from analysis.comparison import (METHODS, PairComparison, PairData, PairNoise, compare_pair, pair_data,
-                                 pair_noise, width_at)
+                                 pair_noise)
+from analysis.shapes import width_at
 from analysis.errors import AnalysisInputError
 from analysis.points import aggregate_seeds, pooled_seed_std
 

@@ -14,13 +14,14 @@ Scanning should keep compile time flat in depth; unrolling grows with it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 
 from throughput import random_batch, train_config  # first: it configures JAX for this CPU benchmark
+
+from scaling import cli
 
 
 def measure(depth: int, width: int, scan_layers: bool, steps: int) -> dict:
@@ -51,9 +52,7 @@ def measure(depth: int, width: int, scan_layers: bool, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = cli.doc_parser(__doc__)
     parser.add_argument("--depths", type=int, nargs="+", default=[6, 24, 48], help="layer counts (default: %(default)s)")
     parser.add_argument("--width", type=int, default=64, help="model width in channels (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per config, median (default: %(default)s)")

@@ -17,11 +17,12 @@ The last column is the temp reduction against ``remat=none``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from throughput import train_config  # first: it configures JAX for this CPU benchmark
+
+from scaling import cli
 
 POLICIES = ("none", "full", "dots", "dots_no_batch")
 MIB = 2**20
@@ -46,9 +47,7 @@ def measure(depth: int, width: int, remat: str, scan_layers: bool = True) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = cli.doc_parser(__doc__)
     parser.add_argument("--depths", type=int, nargs="+", default=[6, 12, 24], help="layer counts (default: %(default)s)")
     parser.add_argument("--width", type=int, default=256, help="model width in channels (default: %(default)s)")
     parser.add_argument("--remat", nargs="+", default=list(POLICIES), choices=POLICIES,

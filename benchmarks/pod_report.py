@@ -44,13 +44,14 @@ on-demand 1.20, Spot 0.48. Change them with --on-demand / --spot.
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from scaling import cli
 
 HERE = Path(__file__).resolve().parent
 BEFORE = HERE / "pod_report_before.json"
@@ -112,7 +113,7 @@ def gpt3_cost(row: dict, prices: dict, steps: int = 1000) -> dict:
 
 
 def _cell(value, form: str) -> str:
-    return "unknown" if value is None else format(value, form)
+    return cli.fmt(value, form, missing="unknown")
 
 
 def format_report(before: dict, after: dict, prices: dict) -> str:
@@ -158,9 +159,7 @@ def format_report(before: dict, after: dict, prices: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = cli.doc_parser(__doc__)
     parser.add_argument("--only", action="append", default=[], metavar="GLOB", help="paper runs to include")
     parser.add_argument("--after", help="rows saved by an earlier --save: report without compiling")
     parser.add_argument("--save", help="write the after rows (JSON) here")

@@ -34,7 +34,6 @@ through JAX, best of several).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import importlib.util
@@ -46,6 +45,7 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported; skips probing for a TPU
+from scaling import cli  # noqa: E402
 from scaling.cpu_allocator import tune_cpu_allocator  # noqa: E402
 
 # As the command lines do (scaling.train's and sweeps.launch's main), before
@@ -290,9 +290,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = cli.doc_parser(__doc__)
     parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), metavar="LxD",
                         help="depth x width pairs (default: %(default)s)")
     parser.add_argument("--peer", default=os.environ.get("NANOGPT_MODEL"),

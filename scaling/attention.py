@@ -31,7 +31,6 @@ import jax.numpy as jnp
 
 from scaling import mesh as mesh_lib
 
-IMPLEMENTATIONS = ("xla", "flash")
 FLASH_BLOCK = 512  # splash block size along queries and keys (at most the sequence; a multiple of 128)
 
 

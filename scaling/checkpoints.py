@@ -247,7 +247,7 @@ class Checkpoints:
     def _bounded(self, what: str, function):
         """``function()`` in a helper thread, waited for at most ``write_timeout`` seconds, and no longer
         once ``should_stop()`` turns true during the wait; ``WriteAbandoned`` naming ``what`` then (the
-        thread is left behind)."""
+        thread is left behind). An error of ``function`` comes back as ``CheckpointError``."""
         if str(self.directory) in _abandoned:
             raise WriteAbandoned(f"{what}: an earlier write to {self.directory} never finished", stopped=False)
         outcome = {}
@@ -270,8 +270,11 @@ class Checkpoints:
                 reason = ("abandoned after a stop request" if stopped else
                           f"not finished after {self.write_timeout:g} s (storage unreachable?)")
                 raise WriteAbandoned(f"{what}: {reason}", stopped=stopped)
-        if "error" in outcome:
-            raise outcome["error"]
+        error = outcome.get("error")
+        if isinstance(error, Exception):
+            raise CheckpointError(f"{what} failed: {one_line(error)}") from None
+        if error is not None:  # KeyboardInterrupt, SystemExit: not a checkpoint failure
+            raise error
         return outcome.get("value")
 
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> None:
@@ -288,12 +291,7 @@ class Checkpoints:
                 self.manager.check_for_errors()
                 self._saved_once = True
 
-        try:
-            self._bounded(what, write)
-        except WriteAbandoned:
-            raise
-        except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"{what} failed: {one_line(error)}") from None
+        self._bounded(what, write)
 
     def finish(self) -> None:
         """Wait for pending writes; ``CheckpointError`` if one failed (``WriteAbandoned``: not in time)."""
@@ -303,12 +301,7 @@ class Checkpoints:
             self.manager.wait_until_finished()
             self.manager.check_for_errors()
 
-        try:
-            self._bounded(what, wait)
-        except WriteAbandoned:
-            raise
-        except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"{what} failed: {one_line(error)}") from None
+        self._bounded(what, wait)
 
     def close(self) -> None:
         """Release orbax's threads (safe after a failure; never raises; skipped after an abandoned write,

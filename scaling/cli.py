@@ -1,5 +1,8 @@
-"""The name a command line tool was started under, for its usage and error lines."""
+"""Helpers the command-line tools share: the name a tool was started under, an
+argument parser whose errors are one line, and number cells for text tables."""
 
+import argparse
+import math
 import os
 import sys
 
@@ -10,3 +13,25 @@ def prog(module_form: str) -> str:
     """``depth-width-…`` when started as an installed console script, else ``module_form`` (``python -m …``)."""
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     return name if name.startswith(SCRIPT_PREFIX) else module_form
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one error line instead of usage + error: a sweep log stays readable."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    """``value`` formatted with ``spec``, or ``missing`` for None, NaN and infinities."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    return format(value, spec)
+
+
+def doc_parser(doc: str, **kwargs) -> argparse.ArgumentParser:
+    """A parser whose ``--help`` shows a script's docstring as written: its first
+    paragraph as the description, the rest (units, sources, caveats) after the options."""
+    first, _, rest = doc.strip().partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest or None,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)

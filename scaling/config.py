@@ -1,8 +1,10 @@
-"""Typed, frozen configuration for one training run.
+"""Typed, frozen configuration for one training run, and the run id it hashes to.
 
-Every dataclass validates itself in ``__post_init__`` and raises ``ValueError``
-naming the offending field and the allowed values, so a bad sweep fails at
-construction time, long before anything is compiled.
+The sections are pydantic dataclasses: building one checks every field's type
+(``Literal`` fields against their allowed values) and range, and raises a
+``ValueError`` naming the field, so a bad sweep fails at construction, long
+before anything is compiled. The same validation reads a run's ``config.json``
+(``from_dict``) and the command line's ``--set KEY=VALUE`` (``override``).
 
 Units: widths and head sizes are in channels, sequence lengths in tokens,
 batch sizes in sequences (global, across all hosts), learning rates are the
@@ -12,70 +14,47 @@ peak AdamW step size.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import math
 import typing
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+# Every section refuses unknown keys and non-finite floats; lax mode turns
+# integral floats into ints (``1e3`` in a JSON file) but refuses ``10.7`` steps.
+_SECTION = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+_section = pydantic.dataclasses.dataclass(frozen=True, config=_SECTION)
+
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+Probability = Annotated[float, Field(ge=0, lt=1)]
+
+# Allowed values, each written once: the fields below, the model and the command
+# lines read them from here (``choices``).
+TEXT_SOURCES = ("builtin", "hub", "local")
+CLASSIFICATION_SOURCES = ("parity", "first")
+SYNTHETIC_SOURCES = CLASSIFICATION_SOURCES + ("lookback",)
+Source = Literal[TEXT_SOURCES + SYNTHETIC_SOURCES]
+RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
+PositionEncoding = Literal["learned", "sinusoidal", "first_indicator"]
+AttentionScale = Literal["standard", "log_length"]
+AttentionImpl = Literal["xla", "flash"]
+Dtype = Literal["float32", "bfloat16"]
+
+
+def choices(kind) -> tuple[str, ...]:
+    """The allowed values of a ``Literal`` type above, in order."""
+    return typing.get_args(kind)
 
 
 def _require(ok: bool, field: str, allowed: str, value: Any) -> None:
+    """Cross-field checks that a type cannot express; the message names the field."""
     if not ok:
         raise ValueError(f"{field}={value!r} is invalid: allowed {allowed}")
 
 
-def _choice(field: str, value: Any, options: tuple) -> None:
-    _require(value in options, field, "one of " + ", ".join(map(repr, options)), value)
-
-
-def _check_types(config) -> None:
-    """Check every field against its annotation, before any range check compares values.
-
-    Integral floats become ints (``1e3`` from a JSON file), other floats in an
-    int field are refused (``steps: 10.7`` must not train 11 steps), floats
-    must be finite, and nested sections must be their dataclass.
-    """
-    import math
-    import types
-
-    hints = typing.get_type_hints(type(config))
-    for field in dataclasses.fields(config):
-        value, hint = getattr(config, field.name), hints[field.name]
-        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-        if value is None and type(None) in options:
-            continue
-        kind = next(t for t in options if t is not type(None))
-        origin = typing.get_origin(kind) or kind
-        name = f"{field.name}"
-        if kind is bool:
-            _require(isinstance(value, bool), name, "true or false", value)
-        elif kind is int:
-            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-                object.__setattr__(config, field.name, int(value))
-                continue
-            _require(isinstance(value, int) and not isinstance(value, bool), name, "an integer", value)
-        elif kind is float:
-            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
-                     name, "a finite number", value)
-            object.__setattr__(config, field.name, float(value))
-        elif kind is str:
-            _require(isinstance(value, str), name, "a string", value)
-        elif origin is tuple:
-            _require(isinstance(value, tuple), name, "a list", value)
-        elif dataclasses.is_dataclass(kind):
-            _require(isinstance(value, kind), name, f"a {kind.__name__} section (a mapping of its fields)", value)
-
-
-def _tuplify(value):
-    if isinstance(value, list):
-        return tuple(_tuplify(v) for v in value)
-    return value
-
-
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-POSITION_ENCODINGS = ("learned", "sinusoidal", "first_indicator")
-
-
-@dataclasses.dataclass(frozen=True)
+@_section
 class ModelConfig:
     """Shape and options of one transformer language model.
 
@@ -84,77 +63,54 @@ class ModelConfig:
     split: ``num_heads`` wins when given, otherwise heads = width // head_dim.
     """
 
-    depth: int = 2
-    width: int = 64
-    num_heads: int | None = None
-    head_dim: int = 64
-    ff_multiplier: int = 4
-    vocab_size: int = 260
-    max_seq_len: int = 256
-    objective: str = "causal"  # causal | masked
-    mask_rate: float = 0.15  # masked objective only: fraction of positions predicted
-    norm: str = "pre"  # pre | post
-    activation: str = "relu"  # relu | gelu
-    # learned | sinusoidal | first_indicator. ``first_indicator``: no position
-    # vector except a fixed 1 added to channel 0 at position 1 (the first bit after
-    # CLS), the encoding the authors of "Overcoming a Theoretical Limitation of
-    # Self-Attention" trained FIRST with; nothing about position is learned, so no
-    # position is left untrained when testing on longer strings.
-    position: str = "learned"
-    attention_scale: str = "standard"  # standard | log_length
+    depth: PositiveInt = 2
+    width: PositiveInt = 64
+    num_heads: PositiveInt | None = None
+    head_dim: PositiveInt = 64
+    ff_multiplier: PositiveInt = 4
+    vocab_size: Annotated[int, Field(ge=2)] = 260
+    max_seq_len: PositiveInt = 256
+    objective: Literal["causal", "masked"] = "causal"
+    mask_rate: Fraction = 0.15  # masked objective only: fraction of positions predicted
+    norm: Literal["pre", "post"] = "pre"
+    activation: Literal["relu", "gelu"] = "relu"
+    # ``first_indicator``: no position vector except a fixed 1 added to channel 0
+    # at position 1 (the first bit after CLS), the encoding the authors of
+    # "Overcoming a Theoretical Limitation of Self-Attention" trained FIRST with;
+    # nothing about position is learned, so no position is left untrained when
+    # testing on longer strings.
+    position: PositionEncoding = "learned"
+    attention_scale: AttentionScale = "standard"
     use_bias: bool = False
     tie_embeddings: bool = False
-    dropout: float = 0.0
-    param_dtype: str = "float32"
-    compute_dtype: str = "float32"
+    dropout: Probability = 0.0
+    param_dtype: Dtype = "float32"
+    compute_dtype: Dtype = "float32"
     scan_layers: bool = True
-    remat: str = "none"
+    remat: RematPolicy = "none"
     # ``xla``: attention scores materialised by XLA; ``flash``: a fused kernel that
     # never writes them (Pallas splash attention on TPU, cuDNN on GPU, the splash
     # kernel interpreted on CPU, for tests); see ``scaling.attention``. The same
     # function either way, so not part of the run id.
-    attention_impl: str = "xla"
-    init_std: float = 0.02
+    attention_impl: AttentionImpl = "xla"
+    init_std: PositiveFloat = 0.02
     # ``normal``: every weight N(0, init_std²). ``torch``: PyTorch's defaults for
     # nn.TransformerEncoderLayer / nn.Linear / nn.Embedding (uniform ±1/sqrt(fan_in)
     # linears, Xavier-uniform attention projections, N(0, 1) embeddings), as
     # "Overcoming a Theoretical Limitation of Self-Attention" (section 4.1) trains with.
-    init_scheme: str = "normal"
+    init_scheme: Literal["normal", "torch"] = "normal"
     # The loss forms logits for about this many tokens of one device's rows of the
     # (micro)batch at a time (``scaling.loss.cross_entropy_sum``): memory, not
     # results, depends on it.
-    loss_chunk_tokens: int = 8192
+    loss_chunk_tokens: PositiveInt = 8192
 
     def __post_init__(self):
-        _check_types(self)
-        _require(isinstance(self.depth, int) and self.depth >= 1, "depth", "an integer >= 1", self.depth)
-        _require(isinstance(self.width, int) and self.width >= 1, "width", "an integer >= 1", self.width)
         if self.num_heads is not None:
-            _require(self.num_heads >= 1, "num_heads", "an integer >= 1 or None", self.num_heads)
-            _require(self.width % self.num_heads == 0, "num_heads",
-                     f"a divisor of width={self.width}", self.num_heads)
+            _require(self.width % self.num_heads == 0, "num_heads", f"a divisor of width={self.width}",
+                     self.num_heads)
         else:
-            _require(self.head_dim >= 1, "head_dim", "an integer >= 1", self.head_dim)
             _require(self.width % self.head_dim == 0 or self.width < self.head_dim, "head_dim",
-                     f"a divisor of width={self.width} (or larger than width, giving one head)",
-                     self.head_dim)
-        _require(self.ff_multiplier >= 1, "ff_multiplier", "an integer >= 1", self.ff_multiplier)
-        _require(self.vocab_size >= 2, "vocab_size", "an integer >= 2", self.vocab_size)
-        _require(self.max_seq_len >= 1, "max_seq_len", "an integer >= 1", self.max_seq_len)
-        _choice("objective", self.objective, ("causal", "masked"))
-        _require(0.0 < self.mask_rate < 1.0, "mask_rate", "a fraction in (0, 1)", self.mask_rate)
-        _choice("norm", self.norm, ("pre", "post"))
-        _choice("activation", self.activation, ("relu", "gelu"))
-        _choice("position", self.position, POSITION_ENCODINGS)
-        _choice("attention_scale", self.attention_scale, ("standard", "log_length"))
-        _require(0.0 <= self.dropout < 1.0, "dropout", "a probability in [0, 1)", self.dropout)
-        _choice("param_dtype", self.param_dtype, ("float32", "bfloat16"))
-        _choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
-        _choice("remat", self.remat, REMAT_POLICIES)
-        _choice("attention_impl", self.attention_impl, ("xla", "flash"))
-        _require(self.init_std > 0, "init_std", "a positive float", self.init_std)
-        _choice("init_scheme", self.init_scheme, ("normal", "torch"))
-        _require(self.loss_chunk_tokens >= 1, "loss_chunk_tokens", "an integer >= 1", self.loss_chunk_tokens)
+                     f"a divisor of width={self.width} (or larger than width, giving one head)", self.head_dim)
 
     @property
     def heads(self) -> int:
@@ -171,111 +127,87 @@ class ModelConfig:
         return self.ff_multiplier * self.width
 
 
-@dataclasses.dataclass(frozen=True)
+@_section
 class DataConfig:
     """Where tokens come from and how they are cut into sequences.
 
-    ``source``: ``builtin`` (the offline English corpus shipped with the
-    package), ``hub`` (a Hugging Face dataset, streamed), ``local`` (text /
-    jsonl / parquet files), or a synthetic task: ``parity``, ``first``
-    (classification, after "Overcoming a Theoretical Limitation of
-    Self-Attention") or ``lookback`` (an LM task whose long-range dependency
-    distance is controlled by ``lookback_distance``).
-    ``tokenizer``: ``byte`` (default, no files), ``bpe`` (trained on the
-    corpus and cached beside it) or ``hf:NAME_OR_PATH``.
+    The field descriptions are the help of ``python -m scaling.data``'s options.
     """
 
-    source: str = "builtin"
-    hub_name: str = ""
-    hub_config: str = ""
-    hub_split: str = "train"
-    paths: tuple[str, ...] = ()
-    text_field: str = "text"
-    max_documents: int = 100_000  # hub and local sources: documents read from the stream
-    validation_fraction: float = 0.02  # by document, for sources without a split
-    tokenizer: str = "byte"
-    bpe_vocab_size: int = 4096
-    seq_len: int = 128  # tokens per training sequence
-    synthetic_min_length: int = 8
-    synthetic_max_length: int = 32
-    synthetic_eval_min_length: int = 8
-    synthetic_eval_max_length: int = 32
-    lookback_distance: int = 16
-    # parity/first: 0 draws a fresh string for every training example; K > 0
-    # fixes a training set of K strings per seed, visited once per epoch in a
-    # fresh random order (a finite training set, as in the classification papers).
-    synthetic_train_size: int = 0
-    # A token cache built by ``python -m scaling.data cache`` (local or gs://):
-    # text sources then read only it. Not part of the run id (same tokens, same run).
-    cache_dir: str = ""
+    source: Source = Field("builtin", description=(
+        "builtin (the offline English corpus shipped with the package), hub (a Hugging Face dataset, "
+        "streamed), local (text / jsonl / parquet files), or a synthetic task: parity, first "
+        "(classification, after 'Overcoming a Theoretical Limitation of Self-Attention') or lookback (an "
+        "LM task whose dependency distance is lookback_distance)"))
+    hub_name: str = Field("", description="hub dataset name or local folder, e.g. wikitext")
+    hub_config: str = Field("", description="hub dataset config, e.g. wikitext-103-raw-v1")
+    hub_split: str = Field("train", description="hub split to stream")
+    paths: tuple[str, ...] = Field((), description="local .txt / .jsonl / .parquet files")
+    text_field: str = Field("text", description="column holding the text")
+    max_documents: Annotated[int, Field(ge=2)] = Field(
+        100_000, description="hub and local sources: documents read from the stream")
+    validation_fraction: Annotated[float, Field(gt=0, lt=0.5)] = Field(
+        0.02, description="share of documents held out for validation, for sources without a split")
+    tokenizer: str = Field("byte", description="byte (no files), bpe (trained on the corpus and cached "
+                                               "beside it) or hf:NAME_OR_PATH")
+    bpe_vocab_size: Annotated[int, Field(ge=300)] = Field(
+        4096, description="tokens in a trained BPE vocabulary, the 256 bytes included")
+    seq_len: Annotated[int, Field(ge=2)] = Field(128, description="tokens per training sequence")
+    synthetic_min_length: PositiveInt = Field(8, description="parity/first: shortest training string, in bits")
+    synthetic_max_length: PositiveInt = Field(32, description="parity/first: longest training string, in bits")
+    synthetic_eval_min_length: PositiveInt = Field(8, description="parity/first: shortest validation string")
+    synthetic_eval_max_length: PositiveInt = Field(32, description="parity/first: longest validation string")
+    lookback_distance: PositiveInt = Field(16, description="lookback: the dependency distance, in tokens")
+    synthetic_train_size: NonNegativeInt = Field(0, description=(
+        "parity/first: 0 draws a fresh string for every training example; K > 0 fixes a training set of K "
+        "strings per seed, visited once per epoch in a fresh random order (a finite training set, as in "
+        "the classification papers)"))
+    cache_dir: str = Field("", description=(
+        "a token cache directory (local or gs://): `cache` builds it, the other commands and training "
+        "read it instead of the source. Not part of the run id (same tokens, same run)"))
 
     def __post_init__(self):
-        _check_types(self)
-        _choice("source", self.source, ("builtin", "hub", "local", "parity", "first", "lookback"))
         if self.source == "hub":
             _require(bool(self.hub_name), "hub_name", "a dataset name or path when source='hub'", self.hub_name)
         if self.source == "local":
             _require(len(self.paths) > 0, "paths", "at least one file when source='local'", self.paths)
-        _require(self.max_documents >= 2, "max_documents", "an integer >= 2", self.max_documents)
-        _require(0.0 < self.validation_fraction < 0.5, "validation_fraction", "a fraction in (0, 0.5)",
-                 self.validation_fraction)
         _require(self.tokenizer in ("byte", "bpe") or self.tokenizer.startswith("hf:"), "tokenizer",
                  "'byte', 'bpe' or 'hf:NAME_OR_PATH'", self.tokenizer)
-        _require(self.bpe_vocab_size >= 300, "bpe_vocab_size", "an integer >= 300", self.bpe_vocab_size)
-        _require(self.seq_len >= 2, "seq_len", "an integer >= 2", self.seq_len)
-        _require(1 <= self.synthetic_min_length <= self.synthetic_max_length, "synthetic_max_length",
-                 f">= synthetic_min_length={self.synthetic_min_length} >= 1", self.synthetic_max_length)
-        _require(1 <= self.synthetic_eval_min_length <= self.synthetic_eval_max_length,
-                 "synthetic_eval_max_length",
-                 f">= synthetic_eval_min_length={self.synthetic_eval_min_length} >= 1",
-                 self.synthetic_eval_max_length)
-        _require(self.lookback_distance >= 1, "lookback_distance", "an integer >= 1", self.lookback_distance)
-        _require(self.synthetic_train_size >= 0, "synthetic_train_size",
-                 "an integer >= 0 (0: a fresh string per example)", self.synthetic_train_size)
+        _require(self.synthetic_min_length <= self.synthetic_max_length, "synthetic_max_length",
+                 f">= synthetic_min_length={self.synthetic_min_length}", self.synthetic_max_length)
+        _require(self.synthetic_eval_min_length <= self.synthetic_eval_max_length, "synthetic_eval_max_length",
+                 f">= synthetic_eval_min_length={self.synthetic_eval_min_length}", self.synthetic_eval_max_length)
 
 
-@dataclasses.dataclass(frozen=True)
+@_section
 class OptimConfig:
     """AdamW with warmup then decay, and the learning-rate rule across widths.
 
     ``lr_rule``:
     - ``constant``: every shape uses ``peak_lr``;
     - ``width_scaled``: ``peak_lr * base_width / width`` for all parameters;
-    - ``mup``: μP-style per-layer rates: hidden matrices (attention and
-      feed-forward kernels) get ``peak_lr * base_width / width``, embeddings,
-      norms and biases keep ``peak_lr``.
+    - ``mup``: μP-style per-layer rates ("Tensor Programs V", Table 3):
+      hidden matrices (attention and feed-forward kernels) get
+      ``peak_lr * base_width / width``, embeddings, norms and biases keep ``peak_lr``.
     """
 
-    peak_lr: float = 3e-3
-    lr_rule: str = "constant"
-    base_width: int = 64  # width at which the rule gives exactly peak_lr
-    warmup_steps: int = 50
-    schedule: str = "cosine"  # cosine | linear | constant
-    end_lr_fraction: float = 0.1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
+    peak_lr: PositiveFloat = 3e-3
+    lr_rule: Literal["constant", "width_scaled", "mup"] = "constant"
+    base_width: PositiveInt = 64  # width at which the rule gives exactly peak_lr
+    warmup_steps: NonNegativeInt = 50
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    end_lr_fraction: Annotated[float, Field(ge=0, le=1)] = 0.1
+    weight_decay: NonNegativeFloat = 0.1
+    beta1: Probability = 0.9
+    beta2: Probability = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0  # global-norm clip; 0 disables
-
-    def __post_init__(self):
-        _check_types(self)
-        _require(self.peak_lr > 0, "peak_lr", "a positive float", self.peak_lr)
-        _choice("lr_rule", self.lr_rule, ("constant", "width_scaled", "mup"))
-        _require(self.base_width >= 1, "base_width", "an integer >= 1", self.base_width)
-        _require(self.warmup_steps >= 0, "warmup_steps", "an integer >= 0", self.warmup_steps)
-        _choice("schedule", self.schedule, ("cosine", "linear", "constant"))
-        _require(0.0 <= self.end_lr_fraction <= 1.0, "end_lr_fraction", "a fraction in [0, 1]",
-                 self.end_lr_fraction)
-        _require(self.weight_decay >= 0, "weight_decay", "a float >= 0", self.weight_decay)
-        _require(0 <= self.beta1 < 1, "beta1", "a float in [0, 1)", self.beta1)
-        _require(0 <= self.beta2 < 1, "beta2", "a float in [0, 1)", self.beta2)
-        _require(self.grad_clip >= 0, "grad_clip", "a float >= 0 (0 disables)", self.grad_clip)
+    grad_clip: NonNegativeFloat = 1.0  # global-norm clip; 0 disables
 
 
-# Logical axis names used by scaling.model, mapped to mesh axes. A value of
-# None replicates that dimension. "batch" is an activation axis.
-DEFAULT_SHARDING_RULES: tuple[tuple[str, Any], ...] = (
+# One rule maps a logical axis name of scaling.model to mesh axes: one, several,
+# or None (replicated). "batch" is an activation axis.
+ShardingRule = tuple[str, str | tuple[str, ...] | None]
+DEFAULT_SHARDING_RULES: tuple[ShardingRule, ...] = (
     ("batch", ("data", "fsdp")),
     ("length", None),
     ("layers", None),
@@ -288,27 +220,23 @@ DEFAULT_SHARDING_RULES: tuple[tuple[str, Any], ...] = (
     ("qkv", None),
 )
 
-
-@dataclasses.dataclass(frozen=True)
+@_section
 class MeshConfig:
     """Device mesh shape. One of the axes may be -1, meaning "all the rest"."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
-    rules: tuple[tuple[str, Any], ...] = DEFAULT_SHARDING_RULES
+    rules: tuple[ShardingRule, ...] = DEFAULT_SHARDING_RULES
 
     def __post_init__(self):
-        _check_types(self)
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
-            _require(size == -1 or size >= 1, f"mesh.{name}", "-1 or an integer >= 1", size)
-        _require(sum(size == -1 for size in sizes.values()) <= 1, "mesh",
-                 "at most one axis equal to -1", sizes)
-        object.__setattr__(self, "rules", tuple((str(k), _tuplify(v)) for k, v in self.rules))
+            _require(size == -1 or size >= 1, name, "-1 or an integer >= 1", size)
+        _require(sum(size == -1 for size in sizes.values()) <= 1, "mesh", "at most one axis equal to -1", sizes)
 
 
-@dataclasses.dataclass(frozen=True)
+@_section
 class TrainConfig:
     """Everything one training run needs. Budgets: ``steps`` optimizer steps of
     ``batch_size`` sequences of ``data.seq_len`` tokens each.
@@ -323,36 +251,26 @@ class TrainConfig:
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     mesh: MeshConfig = MeshConfig()
-    seed: int = 0  # sets initialisation, data order and masking
-    steps: int = 300
-    batch_size: int = 16
-    microbatches: int = 1
-    eval_every: int = 100  # 0: evaluate only at the end
-    eval_batches: int = 8
+    seed: NonNegativeInt = 0  # sets initialisation, data order and masking
+    steps: PositiveInt = 300
+    batch_size: PositiveInt = 16
+    microbatches: PositiveInt = 1
+    eval_every: NonNegativeInt = 100  # 0: evaluate only at the end
+    eval_batches: PositiveInt = 8
     eval_at_start: bool = True  # evaluate the freshly initialised model (initial_eval_loss); costs one eval
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    peak_flops: float = 2.2e11  # per device, for MFU; measured matmul peak of the dev CPU
-    wandb_mode: str = "auto"  # auto (online only if an API key is set) | offline | online | disabled
+    checkpoint_every: PositiveInt = 50
+    keep_checkpoints: PositiveInt = 2
+    log_every: PositiveInt = 10
+    peak_flops: PositiveFloat = 2.2e11  # per device, for MFU; measured matmul peak of the dev CPU
+    wandb_mode: Literal["auto", "offline", "online", "disabled"] = "auto"  # auto: online only with an API key
     wandb_project: str = "depth-width-scaling"
     sweep_name: str = ""  # wandb group
     name: str = ""
 
     def __post_init__(self):
-        _check_types(self)
-        _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
-        _require(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)
-        _require(1 <= self.microbatches <= self.batch_size and self.batch_size % self.microbatches == 0,
+        _require(self.microbatches <= self.batch_size and self.batch_size % self.microbatches == 0,
                  "microbatches", f"a divisor of batch_size={self.batch_size} (1 to {self.batch_size})",
                  self.microbatches)
-        _require(self.eval_every >= 0, "eval_every", "an integer >= 0", self.eval_every)
-        _require(self.eval_batches >= 1, "eval_batches", "an integer >= 1", self.eval_batches)
-        _require(self.checkpoint_every >= 1, "checkpoint_every", "an integer >= 1", self.checkpoint_every)
-        _require(self.keep_checkpoints >= 1, "keep_checkpoints", "an integer >= 1", self.keep_checkpoints)
-        _require(self.log_every >= 1, "log_every", "an integer >= 1", self.log_every)
-        _require(self.peak_flops > 0, "peak_flops", "a positive FLOP/s figure", self.peak_flops)
-        _choice("wandb_mode", self.wandb_mode, ("auto", "offline", "online", "disabled"))
         _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
                  f"<= model.max_seq_len={self.model.max_seq_len}", self.data.seq_len)
         if self.model.attention_impl == "flash":  # the splash kernel tiles sequences in blocks of 128
@@ -369,82 +287,60 @@ def to_dict(config) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
+def _one_line(error: pydantic.ValidationError) -> str:
+    """Each failed check as ``section.field: why (got value)``, on one line for command lines."""
+    problems = []
+    for problem in error.errors():
+        where = ".".join(map(str, problem["loc"]))
+        if problem["type"] == "value_error":  # a __post_init__ check: its message names the field
+            problems.append((where + "." if where else "") + str(problem["ctx"]["error"]))
+        elif problem["type"] == "unexpected_keyword_argument":
+            problems.append(f"{where}: unknown field")
+        else:
+            problems.append(f"{where}: {problem['msg']} (got {problem['input']!r})")
+    return "; ".join(problems)
+
+
 def from_dict(cls, data: dict):
-    """Build ``cls`` (a config dataclass) from a nested dict, rejecting unknown keys."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
-    if unknown:
-        raise ValueError(f"unknown field(s) {sorted(unknown)} for {cls.__name__}: allowed {sorted(names)}")
-    kwargs = {}
-    for key, value in data.items():
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            try:
-                value = from_dict(hint, value)
-            except ValueError as error:  # name the section too: model.depth, not depth
-                raise ValueError(f"{key}.{error}") from None
-        kwargs[key] = _tuplify(value)
-    return cls(**kwargs)
+    """Build ``cls`` (a config dataclass) from a nested dict such as a run's
+    ``config.json``, validated; unknown keys are refused by name."""
+    try:
+        return pydantic.TypeAdapter(cls).validate_python(data)
+    except pydantic.ValidationError as error:
+        raise ValueError(f"{cls.__name__}: {_one_line(error)}") from None
 
 
-def _parse_scalar(text: str, current: Any):
-    if isinstance(current, bool):
-        if text.lower() in ("1", "true", "yes"):
-            return True
-        if text.lower() in ("0", "false", "no"):
-            return False
-        raise ValueError(f"expected a boolean, got {text!r}")
-    if isinstance(current, int) and not isinstance(current, bool):
-        try:
-            return int(text)
-        except ValueError:
-            try:
-                number = float(text)  # 1e3 is a fine way to write 1000; 10.7 is refused by validation
-            except ValueError:
-                raise ValueError(f"expected an integer, got {text!r}") from None
-            if not math.isfinite(number):
-                raise ValueError(f"expected an integer, got {text!r}") from None
-            return int(number) if number.is_integer() else number
-    if isinstance(current, float):
-        try:
-            number = float(text)
-        except ValueError:
-            raise ValueError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(number):
-            raise ValueError(f"expected a finite number, got {text!r}")
-        return number
-    if isinstance(current, (tuple, list)):
-        return tuple(part for part in text.split(",") if part)
-    if current is None:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
-    return text
+def _parse(text: str, current: Any) -> Any:
+    """The value of ``--set key=TEXT`` for a field now holding ``current``:
+    text fields keep the text, list fields split it at commas, the others read
+    it as JSON (numbers, true/false, null) when it is, for validation to type."""
+    if isinstance(current, str):
+        return text
+    if isinstance(current, list):
+        return [part for part in text.split(",") if part]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # "no", "False": pydantic reads these booleans itself
 
 
 def override(config, assignments: list[str]):
     """Apply ``key.sub=value`` strings to a config, returning a new validated one."""
     data = to_dict(config)
     for assignment in assignments:
-        if "=" not in assignment:
+        key, equals, text = assignment.partition("=")
+        if not equals:
             raise ValueError(f"override {assignment!r} must look like key=value, e.g. optim.peak_lr=1e-3")
-        key, text = assignment.split("=", 1)
-        node, parts = data, key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
+        *sections, leaf = key.split(".")
+        node = data
+        for part in sections:
+            node = node.get(part)
+            if not isinstance(node, dict):
                 raise ValueError(f"override {key!r}: {part!r} is not a config section")
-            node = node[part]
-        if parts[-1] not in node:
-            raise ValueError(f"override {key!r}: unknown field {parts[-1]!r}; allowed {sorted(node)}")
-        if isinstance(node[parts[-1]], dict):
+        if isinstance(node.get(leaf), dict):
             raise ValueError(f"override {key!r}: {key} is a config section; set one of its fields, "
-                             f"e.g. {key}.{next(iter(node[parts[-1]]))}=...")
-        try:
-            node[parts[-1]] = _parse_scalar(text, node[parts[-1]])
-        except ValueError as error:
-            raise ValueError(f"override {key}={text}: {error}") from None
+                             f"e.g. {key}.{next(iter(node[leaf]))}=...")
+        node[leaf] = _parse(text, node.get(leaf))
     return from_dict(type(config), data)
 
 
@@ -466,19 +362,21 @@ _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "lo
 _NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0}
 
 
+def _parent(data: dict, dotted: str) -> tuple[dict, str]:
+    """The dict holding a dotted field of ``data`` ({} when a section is missing), and the field's name."""
+    *sections, leaf = dotted.split(".")
+    for section_name in sections:
+        data = data.get(section_name, {})
+    return data, leaf
+
+
 def _identity(config: TrainConfig) -> dict:
     data = to_dict(config)
     for dotted in _PRESENTATION_FIELDS:
-        *sections, leaf = dotted.split(".")
-        node = data
-        for section in sections:
-            node = node.get(section, {})
+        node, leaf = _parent(data, dotted)
         node.pop(leaf, None)
     for dotted, neutral in _NEUTRAL_VALUES.items():
-        *sections, leaf = dotted.split(".")
-        node = data
-        for section in sections:
-            node = node.get(section, {})
+        node, leaf = _parent(data, dotted)
         if leaf in node and node[leaf] == neutral:
             del node[leaf]
     return data
@@ -486,6 +384,4 @@ def _identity(config: TrainConfig) -> dict:
 
 def config_id(config: TrainConfig, length: int = 12) -> str:
     """A stable hex id (``length`` characters) of everything in ``config`` that affects the trained model."""
-    import hashlib
-
     return hashlib.sha256(json.dumps(_identity(config), sort_keys=True).encode()).hexdigest()[:length]

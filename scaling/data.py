@@ -77,11 +77,12 @@ import json
 import queue
 import sys
 import threading
+import typing
 
 import numpy as np
 
 from scaling import cli, token_cache
-from scaling.config import DataConfig
+from scaling.config import CLASSIFICATION_SOURCES, SYNTHETIC_SOURCES, DataConfig, from_dict
 from scaling.token_cache import SPECIAL_TOKENS
 from scaling.tokenizer import ByteTokenizer
 
@@ -367,10 +368,10 @@ def build_text(config: DataConfig) -> TextPipeline:
 def build(config: DataConfig) -> Pipeline:
     """The pipeline for ``config``: a ``TextPipeline``, ``ClassificationTask``
     or ``LookbackTask``."""
-    if config.source in ("parity", "first", "lookback") and config.tokenizer != "byte":
+    if config.source in SYNTHETIC_SOURCES and config.tokenizer != "byte":
         raise ValueError(f"tokenizer={config.tokenizer!r}: synthetic source {config.source!r} uses byte ids; "
                          "set tokenizer='byte'")
-    if config.source in ("parity", "first"):
+    if config.source in CLASSIFICATION_SOURCES:
         return ClassificationTask(config)
     if config.source == "lookback":
         return LookbackTask(config)
@@ -387,33 +388,27 @@ def batch_digest(batch: dict[str, np.ndarray]) -> str:
 
 
 def _config_from_args(args) -> DataConfig:
-    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(DataConfig)
-             if getattr(args, field.name, None) is not None}
-    if "paths" in given:
-        given["paths"] = tuple(given["paths"])
-    return DataConfig(**given)
+    given = {name: getattr(args, name) for name in DataConfig.__pydantic_fields__
+             if getattr(args, name, None) is not None}
+    return from_dict(DataConfig, given)  # validation turns the option strings into the fields' types
+
+
+def _data_options() -> argparse.ArgumentParser:
+    """``DataConfig``'s fields as options (``seq_len`` -> ``--seq-len``), built from the
+    dataclass: a field's description is its help, a ``Literal`` type its choices."""
+    data = argparse.ArgumentParser(add_help=False)
+    group = data.add_argument_group("data config (unset options keep scaling.config.DataConfig defaults)")
+    for name, field in DataConfig.__pydantic_fields__.items():
+        literal = typing.get_origin(field.annotation) is typing.Literal
+        group.add_argument("--" + name.replace("_", "-"), dest=name,
+                           choices=typing.get_args(field.annotation) if literal else None,
+                           nargs="+" if isinstance(field.default, tuple) else None,
+                           help=f"{field.description} (default {field.default!r})")
+    return data
 
 
 def _parser() -> argparse.ArgumentParser:
-    data = argparse.ArgumentParser(add_help=False)
-    group = data.add_argument_group("data config (unset options keep scaling.config.DataConfig defaults)")
-    group.add_argument("--source", choices=["builtin", "hub", "local", "parity", "first", "lookback"])
-    group.add_argument("--hub-name", dest="hub_name", help="hub dataset name or local folder, e.g. wikitext")
-    group.add_argument("--hub-config", dest="hub_config", help="hub dataset config, e.g. wikitext-103-raw-v1")
-    group.add_argument("--hub-split", dest="hub_split", help="hub split to stream (default train)")
-    group.add_argument("--paths", nargs="+", help="local .txt / .jsonl / .parquet files")
-    group.add_argument("--text-field", dest="text_field", help="column holding the text (default text)")
-    group.add_argument("--max-documents", dest="max_documents", type=int, help="hub/local: documents to read")
-    group.add_argument("--validation-fraction", dest="validation_fraction", type=float,
-                       help="share of documents held out for validation (default 0.02)")
-    group.add_argument("--tokenizer", help="byte, bpe or hf:NAME_OR_PATH")
-    group.add_argument("--bpe-vocab-size", dest="bpe_vocab_size", type=int,
-                       help="tokens in a trained BPE vocabulary, 256 bytes included (default 4096)")
-    group.add_argument("--seq-len", dest="seq_len", type=int, help="tokens per sequence")
-    group.add_argument("--cache-dir", dest="cache_dir",
-                       help="a token cache directory (local or gs://): `cache` builds it, the other commands "
-                            "read it instead of the source")
-
+    data = _data_options()
     parser = argparse.ArgumentParser(
         prog=cli.prog("python -m scaling.data"),
         description="Build a token cache once (`cache`), or inspect the data pipeline: corpus statistics, "

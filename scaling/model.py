@@ -22,8 +22,7 @@ compile time does not grow with depth; parameters then have a leading
 ``layers`` axis. ``stack_layers`` / ``unstack_layers`` convert between the two
 layouts. The vocabulary axis is stored padded to a multiple of 128 ids
 (``padded_vocab_size``); padding ids start at zero and are masked out of
-every softmax, so they change no result. Checkpoints written before the
-padding existed hold unpadded tables and do not restore into this layout.
+every softmax, so they change no result.
 
 Activations are named too, at block boundaries, on q/k/v, on the
 feed-forward hidden state and on the final hidden state and logits

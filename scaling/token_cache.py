@@ -92,7 +92,7 @@ import numpy as np
 from etils import epath
 
 from scaling import corpus
-from scaling.config import DataConfig
+from scaling.config import TEXT_SOURCES, DataConfig
 from scaling.storage import write_atomic
 from scaling.tokenizer import ByteTokenizer, HFTokenizer, build_tokenizer
 
@@ -103,7 +103,6 @@ METADATA, PLAN, TOKENIZER_FILE = "metadata.json", "build.json", "tokenizer.json"
 DEFAULT_SHARD_DOCUMENTS = 50_000  # C4: about 22M GPT-2 tokens, 45 MB of uint16 per shard
 ENCODE_BATCH = 1024  # documents per tokenizer call: bounds memory and paces the progress bar
 SPLITS = ("train", "validation")
-TEXT_SOURCES = ("builtin", "hub", "local")
 
 
 class CacheError(ValueError):

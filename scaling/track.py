@@ -19,9 +19,8 @@ import time
 from etils import epath
 
 from scaling import progress
-
+from scaling.metrics_log import MetricsLog
 from scaling.storage import is_remote
-from scaling.metrics_log import MetricsLog, read_metrics  # noqa: F401 - read_metrics is part of the API
 
 
 def wandb_mode(requested: str) -> str:

@@ -42,7 +42,6 @@ from collections.abc import Callable
 
 from sweeps import hlo, hlo_collectives, hlo_ops
 from sweeps.hlo import Computation, Instruction, Module
-from sweeps.hlo_collectives import bytes_sent, replica_group  # noqa: F401 - part of this module's API
 from sweeps.hlo_ops import COLLECTIVES, FREE_TARGETS, Machine
 
 

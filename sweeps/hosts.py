@@ -15,79 +15,29 @@
 without starting JAX's backend; ``hosts --check`` then starts JAX as ``run``
 would and reports what it sees (``check``).
 
-Where the facts come from:
-- **Cloud TPU VMs** (``gcloud compute tpus tpu-vm create``) have no topology
-  variables in the environment; the GCE metadata server holds them. Like
-  JAX's ``GceTpuCluster`` (jax/_src/clusters/cloud_tpu_cluster.py,
-  https://github.com/jax-ml/jax/blob/main/jax/_src/clusters/cloud_tpu_cluster.py)
-  this module reads ``instance/attributes/agent-worker-number`` (this host's
-  index), ``worker-network-endpoints`` (every host, in worker order: either
-  plain hostnames or ``name:id:ip`` triples) and ``accelerator-type`` (e.g.
-  ``v5litepod-16``) from ``http://$GCE_METADATA_IP/computeMetadata/v1/``
-  (default ``metadata.google.internal``) with the ``Metadata-Flavor: Google``
-  header. The server is only asked when ``GCE_METADATA_IP`` is set or TPU
-  chips are attached (``/dev/accel*`` or ``/dev/vfio/<n>``), so a laptop never
-  waits for it.
-- **GKE** sets ``TPU_WORKER_HOSTNAMES`` (comma-separated) and
-  ``TPU_WORKER_ID`` in the environment (JAX's ``GkeTpuCluster`` reads the same
-  two; ``TPU_PROCESS_ADDRESSES`` takes precedence there and here).
-- **SLURM**: ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID`` and the tasks
-  per node; pod-wide start-up is left to JAX's own SLURM detection.
-- **Anything else**: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
-  ``JAX_PROCESS_ID`` give an explicit multi-process job (used by the tests:
-  two local CPU processes).
+The facts come from the environment where a scheduler puts them (GKE's
+``TPU_WORKER_HOSTNAMES``/``TPU_WORKER_ID``, SLURM's ``SLURM_*``, or an explicit
+``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``), and on a
+Cloud TPU VM from the GCE metadata server, the way JAX's own cluster detection
+reads them. The server is asked only when TPU chips are attached or
+``GCE_METADATA_IP`` is set, so a laptop never waits for it.
 
-Confining a host to its own chips (host-parallel on a multi-host TPU slice).
-The recipe given by a PyTorch/XLA maintainer in pytorch/xla issue 7714
-("How to test on a subset of TPUs in a TPU Pod",
-https://github.com/pytorch/xla/issues/7714) is to describe a one-host "pod"
-entirely through environment variables: ``TPU_SKIP_MDS_QUERY=1`` (libtpu must
-not read the slice's real topology from the metadata server),
-``TPU_HOST_BOUNDS=1,1,1``, ``TPU_CHIPS_PER_HOST_BOUNDS=2,2,1`` (4 chips),
-``TPU_WORKER_HOSTNAMES=localhost`` and worker id 0. Checked against current
-sources:
-- jax/_src/clusters/cloud_tpu_cluster.py: ``GceTpuCluster.is_env_present``
-  returns False when ``TPU_SKIP_MDS_QUERY`` is set, so JAX will not try to
-  join the other hosts either; ``GkeTpuCluster`` reads ``TPU_WORKER_HOSTNAMES``
-  and ``TPU_WORKER_ID``, which this recipe sets to a one-host cluster.
-- jax/_src/cloud_tpu_init.py sets ``TPU_SKIP_MDS_QUERY=1`` itself, on import,
-  when no chip is attached: the variable's meaning (do not ask the metadata
-  server) is JAX's too, and on a machine without chips it tells nothing
-  (``detect_cluster`` only honours it where chips are attached).
-- jax/_src/test_multiprocess.py and JAX's ci/run_bazel_test_tpu.sh describe
-  sub-host topologies with ``TPU_PROCESS_BOUNDS``,
-  ``TPU_CHIPS_PER_PROCESS_BOUNDS``, ``TPU_HOST_BOUNDS``,
-  ``TPU_CHIPS_PER_HOST_BOUNDS``, ``TPU_ACCELERATOR_TYPE``, ``TPU_WORKER_ID`` and
-  ``TPU_WORKER_HOSTNAMES``: so those are the names libtpu reads.
-- GKE's TPU device plugin (https://github.com/ai-on-gke/tpu-device-plugin,
-  pkg/tpu/util/util_test.go, ``TestInitEnvs``) gives a container on a one-host
-  node exactly this set: ``TPU_SKIP_MDS_QUERY``, ``TPU_HOST_BOUNDS=1,1,1``,
-  ``TPU_CHIPS_PER_HOST_BOUNDS=2,2,1``, ``TPU_WORKER_ID=0``,
-  ``TPU_WORKER_HOSTNAMES=localhost``, plus ``TPU_ACCELERATOR_TYPE`` of one host
-  (``v5litepod-4``, ``v6e-4``, ``v4-8``, ``v5p-8``), ``TPU_TOPOLOGY`` (``2x2``;
-  ``2x2x1`` on v4/v5p), ``TPU_TOPOLOGY_WRAP=false,false,false`` and
-  ``TPU_TOPOLOGY_ALT=false``. libtpu itself is closed source, so these
-  published configurations are the evidence for what it reads.
-- The issue 7714 comment as stored writes the worker id variable as
-  ``WORKER_ID``; the name JAX and the GKE plugin use is ``TPU_WORKER_ID``,
-  which is what is set here. ``TPU_VISIBLE_CHIPS`` is not set: one process
-  owns all of its host's chips.
-So the variables set are the GKE one-host set above (the topology ones only
-when the accelerator type is known) plus, to match, ``TPU_PROCESS_BOUNDS=1,1,1``
-and ``TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1`` (one process owning the host's 2x2
-chips, as in JAX's test_multiprocess.py). v2/v3/v4/v5p accelerator names count
-TensorCores, two per chip: a host of a ``v4-32`` is a ``v4-8``. This is not run
-on hardware; the checklist in README's TPU section says what to look at on the
-first real slice (``hosts --check``: each worker must report 4 local devices
-and ``process_count() == 1``).
+Host-parallel describes a one-host slice entirely in ``TPU_*`` variables (the
+metadata server switched off, host and chip bounds of one 2x2 host, worker 0,
+the one-host accelerator type and topology), the set GKE gives a container on a
+one-host node: libtpu then sees no other host and JAX joins none. TPU names
+that count TensorCores (v2, v3, v4, v5p) count two per chip: a host of a
+``v4-32`` is a ``v4-8``. This has not run on hardware; README's TPU checklist
+says what to check on the first slice. Pod-wide on a TPU VM always initialises
+``jax.distributed``, even on one host (orbax's asynchronous checkpoints need it
+with several processes), with the coordinator on worker 0 at JAX's port 8482.
+Multislice jobs (``MEGASCALE_*``) are not handled.
 
-Pod-wide on a TPU VM always initialises ``jax.distributed``, even on one host
-(harmless with one process; with several, orbax's asynchronous checkpointing
-fails without it; MaxText also initialises it unconditionally on TPU), with the
-coordinator on worker 0's endpoint at JAX's port 8482 (``coordinator_port`` in
-cloud_tpu_cluster.py), ``num_processes`` = the number of endpoints and
-``process_id`` = this host's worker number. Multislice jobs (``MEGASCALE_*``)
-are not handled.
+Sources:
+- JAX's cluster detection (metadata keys, ``TPU_SKIP_MDS_QUERY``, port 8482): jax/_src/clusters/cloud_tpu_cluster.py.
+- The one-host variable set: GKE's TPU device plugin, pkg/tpu/util/util_test.go (``TestInitEnvs``).
+- Process bounds of one process per host: jax/_src/test_multiprocess.py.
+- The recipe: "How to test on a subset of TPUs in a TPU Pod", https://github.com/pytorch/xla/issues/7714.
 """
 
 from __future__ import annotations

@@ -61,11 +61,12 @@ import signal
 import sys
 
 from scaling import cli
+from scaling.cli import fmt
 from scaling.storage import is_remote
 from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
-from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, fmt, foreign_note, read_state, read_states,
+from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_state, read_states,
                           run_table, skipped_lines, summary, text_table, unreadable_lines)
 
 # Assumed utilisation for time estimates when no run of the sweep has finished yet.
@@ -388,13 +389,6 @@ def cmd_preflight(sweep: Sweep, args) -> int:
 # Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one error line instead of usage + error."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _shard_arg(text: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
     if not match or not int(match.group(1)) < int(match.group(2)):
@@ -418,9 +412,9 @@ HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m sweeps.launch`` argument parser."""
-    parser = _Parser(prog=cli.prog("python -m sweeps.launch"), description=__doc__,
+    parser = cli.Parser(prog=cli.prog("python -m sweeps.launch"), description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    common = _Parser(add_help=False)
+    common = cli.Parser(add_help=False)
     common.add_argument("sweep_file", metavar="SWEEP_FILE",
                         help="Python file defining sweep() -> sweeps.spec.Sweep, e.g. sweeps/configs/smoke.py")
     common.add_argument("--workdir", default="runs",

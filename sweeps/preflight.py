@@ -61,14 +61,14 @@ import jax
 import numpy as np
 
 from scaling import budget, mesh as mesh_lib, train
-from scaling.config import TrainConfig, to_dict
+from scaling.rundir import one_line
+from scaling.config import CLASSIFICATION_SOURCES, TrainConfig, to_dict
 from scaling.flops import model_flops_utilization
 from sweeps import kernels, roofline
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
-from sweeps.preflight_table import format_table  # noqa: F401 - part of this module's API
-from sweeps.roofline import CHIPS, GIB, Chip  # noqa: F401 - the chip table is part of this module's API
-
-CHIPS_PER_HOST = 4  # every host of a multi-host v4, v5e, v5p or v6e slice
+from sweeps.hosts import TPU_CHIPS_PER_HOST
+from sweeps.preflight_table import format_table
+from sweeps.roofline import CHIPS, GIB, Chip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +90,8 @@ class Topology:
     @property
     def hosts(self) -> int:
         """TPU VMs of the slice: one for up to 8 chips in a 2-D grid (v5e:2x4) or 4 in 3-D, else 4 chips each."""
-        single_host = 8 if self.chip.dims == 2 else CHIPS_PER_HOST
-        return 1 if self.chips <= single_host else self.chips // CHIPS_PER_HOST
+        single_host = 8 if self.chip.dims == 2 else TPU_CHIPS_PER_HOST
+        return 1 if self.chips <= single_host else self.chips // TPU_CHIPS_PER_HOST
 
     def one_host(self) -> "Topology":
         """The 2x2 (2x2x1) slice of one host's chips: what each run gets in host-parallel mode."""
@@ -185,13 +185,6 @@ def _bytes_in(message: str, pattern: str) -> int | None:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match else None
 
 
-def _one_line(error: Exception) -> str:
-    text = str(error).strip()
-    if isinstance(error, ValueError) and text:  # our own config checks already read as one sentence
-        return text.splitlines()[0]
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-
-
 def _is_out_of_memory(error: Exception) -> bool:
     text = str(error)
     return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
@@ -204,7 +197,7 @@ def _compile(config: TrainConfig, mesh):
 
 def _masking(config: TrainConfig) -> dict:
     # The masked objective masks on device; any token id gives the same program.
-    if config.model.objective == "masked" and config.data.source not in ("parity", "first"):
+    if config.model.objective == "masked" and config.data.source not in CLASSIFICATION_SOURCES:
         return {"mask_id": config.model.vocab_size - 1, "random_token_limit": config.model.vocab_size}
     return {}
 
@@ -247,7 +240,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         mesh_lib.check_batch(mesh, config.batch_size, process_count=hosts)
         program = train.build(config, mesh, **_masking(config))
     except Exception as error:  # noqa: BLE001 - e.g. a mesh or batch the slice cannot take: a FAIL row
-        row["error"] = _one_line(error)
+        row["error"] = one_line(error)
         return row
     batch = train.batch_spec(config, mesh)
     row["parameters"] = parameter_count(program)
@@ -260,7 +253,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
     except Exception as error:  # noqa: BLE001 - a run that cannot compile is a FAIL row, not a crash
         row["compile_seconds"] = round(time.perf_counter() - started, 2)
         text = str(error).strip()
-        row["error"] = _one_line(error)
+        row["error"] = one_line(error)
         if _is_out_of_memory(error):
             temporaries, used = _bytes_in(text, r"temporaries"), _bytes_in(text, r"Used")
             row.update(argument_bytes=state_per_chip, temporary_bytes=temporaries,
@@ -284,7 +277,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
     try:
         estimate = step_estimate(config, mesh, compiled, chip)
     except Exception as error:  # noqa: BLE001 - the cost estimate is a bonus; the fit verdict stands
-        row["error"] = f"cost estimate unavailable: {_one_line(error)}"
+        row["error"] = f"cost estimate unavailable: {one_line(error)}"
         return row
     row.update(estimate_fields(config, estimate, len(devices), chip))
     return row

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from scaling.cli import fmt
+from sweeps.state import text_table
+
 GIB = 2**30
 
 
 def _gib(value) -> str:
-    return "-" if value is None else f"{value / GIB:.2f}"
+    return fmt(value and value / GIB, ".2f")
 
 
 def _cell(value, form: str, row: dict | None = None) -> str:
     """A number, "-" where the run has none, "unknown" where a loop or kernel left it uncounted."""
-    if value is None:
-        counted = row is not None and row.get("fits") and (row.get("loops_uncounted") or row.get("kernels_uncounted"))
-        return "unknown" if counted else "-"
-    return format(value, form)
+    uncounted = row is not None and row.get("fits") and (row.get("loops_uncounted") or row.get("kernels_uncounted"))
+    return fmt(value, form, missing="unknown" if uncounted else "-")
 
 
 def _loops(row: dict) -> str:
@@ -28,7 +29,7 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
     """A plain-text table of preflight rows (GiB per chip, TFLOP and GB per chip per step, seconds), then notes."""
     header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "ICI GB/chip", "step s", "bound", "MFU est",
               "MFU max", "loops", "compile s", "result")
-    lines = [header]
+    lines = []
     for row in rows:
         lines.append((row["name"], _gib(row["hbm_bytes_per_device"]), _gib(row["hbm_capacity_bytes"]),
                       "yes" if row["fits"] else "no",
@@ -39,9 +40,7 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                       _loops(row),
                       "same as " + row["same_program_as"] if row.get("same_program_as") else
                       _cell(row["compile_seconds"], ".1f"), row["status"]))
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
-    text = ["  ".join(str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
-                      for i, (cell, width) in enumerate(zip(line, widths))) for line in lines]
+    text = text_table(list(header), lines, align=("left",) + ("right",) * (len(header) - 1)).splitlines()
     for row in rows:
         if row.get("same_program_as"):
             continue

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 
+import tabulate
+
+from scaling.cli import fmt
 from sweeps.spec import RunSpec, Sweep
 
 STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
@@ -82,17 +84,10 @@ def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
 # Tables
 
 
-def fmt(value, spec: str, missing: str = "-") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return missing
-    return format(value, spec)
-
-
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-             for row in [header, *rows]]
-    return "\n".join(lines)
+def text_table(header: list[str], rows: list[list], align: tuple[str, ...] | None = None) -> str:
+    """Cells padded into columns under ``header``, for terminals; ``align``: "left" or "right" per column
+    (default left). Cells are printed as given, never re-read as numbers."""
+    return tabulate.tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
 
 
 def run_table(states: list[RunState]) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scaling import attention
-from scaling.config import DataConfig, ModelConfig, TrainConfig
+from scaling.config import ModelConfig
 from scaling.model import attention_logit_scale
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 2, 256, 2, 32
@@ -59,15 +59,6 @@ def test_scaled_queries_fold_a_per_query_scale():
     (q, _, _), _ = qkv()
     scale = jnp.arange(1.0, LENGTH + 1)[None, None, :, None]  # [1, 1, query, 1], as log_length's causal scale
     np.testing.assert_allclose(attention.scaled_queries(q, scale), q * jnp.arange(1.0, LENGTH + 1)[None, :, None, None])
-
-
-def test_flash_needs_sequences_in_blocks_of_128():
-    base = TrainConfig(model=ModelConfig(max_seq_len=256, attention_impl="flash"), data=DataConfig(seq_len=256))
-    assert base.model.attention_impl == "flash"
-    with pytest.raises(ValueError, match="data.seq_len"):
-        dataclasses.replace(base, data=DataConfig(seq_len=100))
-    with pytest.raises(ValueError, match="attention_impl"):
-        ModelConfig(attention_impl="splash")
 
 
 def test_analytic_kernel_flops_skip_the_blocks_above_the_diagonal(monkeypatch):

