@@ -126,7 +126,9 @@ def write_record(directory, name, depth, width, loss):
     run.mkdir(parents=True, exist_ok=True)
     (run / "result.json").write_text(json.dumps({
         "status": "finished", "name": name, "run_id": name, "depth": depth, "width": width, "seed": 0,
-        "params_non_embedding": 12 * depth * width ** 2, "final_eval_loss": loss, "data_fingerprint": "fp"}))
+        "params_non_embedding": 12 * depth * width ** 2, "final_eval_loss": loss, "data_fingerprint": "fp",
+        "schema_version": 2, "point_id": f"L{depth}-d{width}", "lr_rule": "constant", "peak_lr": 1e-3,
+        "planned_steps": 10}))
 
 
 def test_analysis_loads_a_sweep_and_a_csv_from_gs(gcs):
@@ -152,7 +154,8 @@ def test_launcher_status_reads_run_records_from_gs(gcs, capsys):
     model = runs[0].config.model
     records.write_record(done, records.RunRecord(
         run_id=runs[0].run_id, status="finished", depth=model.depth, width=model.width, seed=0,
-        params_non_embedding=12 * model.depth * model.width ** 2, name=runs[0].name, final_eval_loss=2.0))
+        params_non_embedding=12 * model.depth * model.width ** 2, name=runs[0].name, final_eval_loss=2.0,
+        point_id=runs[0].run_id, lr_rule="constant", peak_lr=1e-3, planned_steps=10))
     assert launch.main(["status", str(sweep_file), "--workdir", f"{gcs}/runs", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["counts"]["finished"] == 1 and status["total"] == len(runs)
