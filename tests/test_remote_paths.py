@@ -146,6 +146,19 @@ def test_analysis_loads_a_sweep_and_a_csv_from_gs(gcs):
         load_runs(f"{gcs}/missing")
 
 
+def test_analysis_writes_its_csv_fit_and_figures_to_gs(gcs, capsys):
+    from analysis.__main__ import main
+
+    assert main(["synthetic", "--out", f"{gcs}/synthetic.csv", "--depths", "2", "4", "6", "--seeds", "2"]) == 0
+    assert main(["fit", f"{gcs}/synthetic.csv", "--save", f"{gcs}/fit.json", "--bootstrap", "20"]) == 0
+    assert main(["optimal", "--params", "1e9", "--fit", f"{gcs}/fit.json"]) == 0
+    assert main(["plot", f"{gcs}/synthetic.csv", "--out", f"{gcs}/figures", "--bootstrap", "20"]) == 0
+    capsys.readouterr()
+    stored = keys(gcs)
+    assert {"synthetic.csv", "fit.json"} <= stored and "figures/loss_vs_size.png" in stored
+    assert epath.Path(f"{gcs}/figures/loss_vs_size.pdf").read_bytes().startswith(b"%PDF")
+
+
 def test_launcher_status_reads_run_records_from_gs(gcs, capsys):
     sweep_file = REPO / "sweeps" / "configs" / "smoke.py"
     runs = spec.load_sweep(sweep_file).expand().runs
