@@ -24,7 +24,6 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import tabulate
@@ -206,7 +205,7 @@ def _analyse(args):
     table = load_runs(args.source, fingerprint=args.fingerprint, steps=args.steps)
     require_depths(table, 2)
     return analyse(table, alpha=args.alpha, method=args.test, loss_std=args.loss_std,
-                   n_bootstrap=args.bootstrap, seed=args.seed, name=Path(str(args.source).rstrip("/")).name)
+                   n_bootstrap=args.bootstrap, seed=args.seed, name=str(args.source).rstrip("/").rsplit("/", 1)[-1])
 
 
 def cmd_fit(args) -> int:
@@ -265,13 +264,15 @@ def cmd_plot(args) -> int:
 
 
 def cmd_synthetic(args) -> int:
+    from etils import epath
+
     from analysis.synthetic import synthetic_runs
 
     fit = projection.resolve_fit(args.fit)
     if len(set(args.depths)) < 2:
         raise AnalysisInputError(f"--depths: need 2 or more distinct depths for a transition, got {args.depths}")
     runs = synthetic_runs(depths=args.depths, a=fit.a, b=fit.b, seeds=args.seeds, noise=args.noise, rng=args.seed)
-    runs.to_csv(args.out, index=False)
+    epath.Path(args.out).write_text(runs.to_csv(index=False))  # local or gs://
     print(f"wrote {len(runs)} runs to {args.out}: depths {sorted(set(args.depths))}, {args.seeds} seeds, seed noise "
           f"{args.noise:g} nats, transitions planted at a = {fit.a:.4g}, b = {fit.b:.4g} ({fit.name})")
     return 0

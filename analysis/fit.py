@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -149,13 +148,17 @@ def fit_log_width(depths, widths, width_errors, name: str = "fit", estimate: str
 
 
 def save_fit(fit: LogWidthFit, path) -> None:
-    """Write the fit to ``path`` as JSON (a, b, cov and fit statistics)."""
-    Path(path).write_text(json.dumps(fit.to_dict(), indent=2) + "\n")
+    """Write the fit to ``path`` (local or ``gs://``) as JSON (a, b, cov and fit statistics)."""
+    from etils import epath  # in the functions that use it: the command line starts without it
+
+    epath.Path(path).write_text(json.dumps(fit.to_dict(), indent=2) + "\n")
 
 
 def load_fit(path) -> LogWidthFit:
-    """Read a fit written by ``save_fit`` (or any JSON with a, b and a 2x2 cov)."""
-    path = Path(path)
+    """Read a fit written by ``save_fit`` (or any JSON with a, b and a 2x2 cov), local or ``gs://``."""
+    from etils import epath
+
+    path = epath.Path(path)
     if not path.is_file():
         raise AnalysisInputError(f"{path}: no such fit file (and not a preset name)")
     try:

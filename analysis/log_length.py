@@ -6,7 +6,8 @@
 
 Reads every ``<run dir>/result.json`` (through ``scaling.records``) and the
 ``config.json`` beside it under a sweep directory of classification runs
-(``sweeps/configs/log_length.py``), and groups finished runs by task
+(``sweeps/configs/log_length.py``), local or ``gs://`` (through
+``etils.epath``, as ``fit`` reads), and groups finished runs by task
 (``first``/``parity``), training setup (position encoding, and a fixed
 training set of K strings or a fresh string per example), training length n
 (bits) and arm (attention scale ``standard`` or ``log_length``). For each
@@ -25,13 +26,11 @@ the records are, without JAX.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
-import posixpath
 import warnings
-from pathlib import Path
 
-import fsspec
 import pandas as pd
 from etils import epath
 
@@ -66,17 +65,15 @@ def load(directory) -> LogLengthRuns:
     def skip(reason):
         skipped[reason] = skipped.get(reason, 0) + 1
 
-    fs, base = fsspec.core.url_to_fs(str(directory))
-    # One recursive listing (a single request on an object store), not a walk.
-    found = sorted(fs.glob(base.rstrip("/") + "/**/" + records.RECORD_FILE))
-    for found_file in found:
-        run_dir = root / posixpath.dirname(found_file[len(base.rstrip("/")) + 1:])
-        record_file = run_dir / records.RECORD_FILE
+    for record_file in records.find_records(root):  # one listing on an object store, not a walk
+        run_dir = record_file.parent
         try:
             record = records.read_record(run_dir)
         except records.RecordError:
             skip("unreadable record")
             continue
+        except records.OutdatedRecord as error:  # not damaged: skipping it would change the table unseen
+            raise AnalysisInputError(str(error)) from None
         if record.status != "finished":
             skip(record.status)
             continue
@@ -248,9 +245,12 @@ def figure(runs: pd.DataFrame, path) -> None:
     axes[0][0].set_ylim(0, 102)
     axes[0][0].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    path = epath.Path(path)  # local or gs://
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=150, format=path.suffix.lstrip(".") or None)
     plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buffer.getvalue())
 
 
 def run(directory, fmt: str = "markdown", figure_path=None) -> str:

@@ -24,9 +24,10 @@ backend (e.g. a notebook's inline one) is left alone.
 
 from __future__ import annotations
 
-from pathlib import Path
+import io
 
 import numpy as np
+from etils import epath
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import offset_copy
@@ -83,13 +84,15 @@ def _fit_label(fit: LogWidthFit) -> str:
     return f"{fit.name} (the paper's eq. 10)" if fit.name == "levine2020" else f"{fit.name} (your runs)"
 
 
-def save_figure(fig, out_dir, stem: str) -> list[Path]:
-    """Write ``fig`` as ``out_dir/stem.png`` (150 dpi) and ``.pdf``; return the paths."""
-    out_dir = Path(out_dir)
+def save_figure(fig, out_dir, stem: str) -> list[epath.Path]:
+    """Write ``fig`` as ``out_dir/stem.png`` (150 dpi) and ``.pdf`` (local or ``gs://``); return the paths."""
+    out_dir = epath.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    for path, dpi in zip(paths, (150, "figure")):
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=path.suffix[1:], dpi=dpi, bbox_inches="tight")
+        path.write_bytes(buffer.getvalue())
     return paths
 
 
@@ -295,7 +298,7 @@ def plot_loss_curves(runs, ax=None, source: str = "your runs"):
 
 
 def write_sweep_figures(runs, transitions, fit: LogWidthFit | None, out_dir, reference: LogWidthFit,
-                        budgets=(), estimate: str = "crossing", source: str = "your runs") -> list[Path]:
+                        budgets=(), estimate: str = "crossing", source: str = "your runs") -> list[epath.Path]:
     """All figures for a sweep: one per depth pair, the width fit (if ``fit``), N_tr(L) over the
     sweep's depths, its projection to L = 100 with ``budgets`` marked, and the threshold.
 
@@ -303,7 +306,7 @@ def write_sweep_figures(runs, transitions, fit: LogWidthFit | None, out_dir, ref
     by default) is drawn when the data gave no fit of its own, and labelled
     as such. Returns the written paths (PNG and PDF for each figure).
     """
-    label = f"your runs ({Path(str(source).rstrip('/')).name})"
+    label = f"your runs ({epath.Path(str(source).rstrip('/')).name})"
     paths = save_figure(plot_loss_curves(runs, source=label).figure, out_dir, "loss_vs_size")
     if transitions:
         paths += save_figure(plot_pair_differences(transitions, source=label).figure, out_dir, "pair_differences")

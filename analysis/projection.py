@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 
@@ -95,7 +94,9 @@ def resolve_fit(spec) -> LogWidthFit:
         return spec
     if spec in FIT_PRESETS:
         return FIT_PRESETS[spec]
-    if str(spec).endswith(".json") or Path(str(spec)).exists():
+    from etils import epath  # here, not at the top: the command line starts without it
+
+    if str(spec).endswith(".json") or epath.Path(str(spec)).exists():
         return load_fit(spec)
     raise AnalysisInputError(
         f"unknown fit {spec!r}: use a preset ({', '.join(FIT_PRESETS)}) or a JSON file saved by `fit --save`")

@@ -1,16 +1,15 @@
 """Run records -> one table of runs, each counted once and labelled with what it was trained with.
 
 Two inputs are accepted, each a local path or a URL such as
-``gs://bucket/sweeps/paper`` (read through fsspec; ``gs://`` needs gcsfs,
-part of the ``tpu`` extra):
+``gs://bucket/sweeps/paper`` (read through ``etils.epath``; ``gs://`` needs
+gcsfs, part of the ``tpu`` extra):
 
 * a sweep directory, searched recursively for ``result.json`` records, each
-  validated by ``scaling.records`` (the record's single definition). Only
-  ``finished`` runs enter the table; the others are listed per shape in
+  validated by ``scaling.records`` (the record's single definition; a record
+  of an older schema version is refused with the command that upgrades it).
+  Only ``finished`` runs enter the table; the others are listed per shape in
   ``RunTable.unfinished``. A record copied into a second directory has the
-  same ``run_id`` and is counted once. Records written before the record
-  carried ``peak_lr`` and ``planned_steps`` take them from the ``config.json``
-  beside them.
+  same ``run_id`` and is counted once.
 * a CSV with the columns ``depth, width, params, seed, loss`` and optionally
   ``peak_lr``, ``steps``, ``lr_rule`` and ``data_fingerprint``. Repeated
   identical rows are collapsed (and said so); two rows for the same run with
@@ -20,7 +19,8 @@ Runs trained on different data or for different numbers of steps are never
 mixed: loading refuses unless one is chosen (``fingerprint=``, ``steps=``).
 Learning rates may differ; ``analysis.points`` chooses one per shape.
 
-Throughout, ``params`` is the non-embedding size N = 12·L·d² (parameters),
+Throughout, ``params`` is the non-embedding size N = 12·L·d² (parameters;
+a record's own ``params_non_embedding``, a CSV's ``params`` column),
 ``width`` is d_x (channels) and ``loss`` is the eval loss (nats per token).
 """
 
@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import json
 import math
 import posixpath
 
-import fsspec
 import numpy as np
 import pandas as pd
+from etils import epath
 
 from analysis.errors import AnalysisInputError
 from analysis.points import aggregate_seeds, pooled_seed_std  # noqa: F401 - also importable from here
@@ -96,11 +95,6 @@ class RunTable:
         return lines
 
 
-def non_embedding_params(depth, width):
-    """N = 12·L·d² (parameters) for depth L (layers) and width d (channels); broadcasts."""
-    return 12.0 * np.asarray(depth, dtype=float) * np.asarray(width, dtype=float) ** 2
-
-
 def load_runs(source, fingerprint: str | None = None, steps: int | None = None) -> RunTable:
     """Load a sweep directory or a CSV file into a ``RunTable``.
 
@@ -109,16 +103,17 @@ def load_runs(source, fingerprint: str | None = None, steps: int | None = None) 
     holds several. Raises ``AnalysisInputError`` with a one-line reason for
     anything unusable.
     """
+    path = epath.Path(source)
     try:
-        fs, path = fsspec.core.url_to_fs(str(source))
+        exists, is_dir = path.exists(), path.is_dir()
     except (ImportError, ValueError) as error:  # e.g. gs:// without gcsfs installed
         raise AnalysisInputError(f"{source}: cannot open: {error}") from None
-    if not fs.exists(path):
+    if not exists:
         raise AnalysisInputError(f"{source}: no such file or directory")
-    if fs.isdir(path):
-        found, skipped, unfinished, notes = _read_sweep_dir(fs, path, str(source))
+    if is_dir:
+        found, skipped, unfinished, notes = _read_sweep_dir(path, str(source))
     else:
-        found, skipped, unfinished, notes = _load_csv(fs, path, str(source)), {}, None, []
+        found, skipped, unfinished, notes = _load_csv(path, str(source)), {}, None, []
     return select(found, str(source), fingerprint, steps, skipped, unfinished, notes)
 
 
@@ -130,50 +125,36 @@ def table_from_records(records, source: str = "records", fingerprint: str | None
         if not isinstance(record, run_records.RunRecord):
             try:
                 record = run_records.from_dict(record, f"{source} record {index}")
-            except run_records.RecordError as error:
+            except (run_records.RecordError, run_records.OutdatedRecord) as error:
                 raise AnalysisInputError(str(error)) from None
-        parsed.append((f"{source}/{record.run_id}", record, {}))
+        parsed.append((f"{source}/{record.run_id}", record))
     frame, skipped, unfinished, notes = _rows_from_records(parsed, source)
     return select(frame, source, fingerprint, steps, skipped, unfinished, notes)
 
 
 # ---------------------------------------------------------------- sweep directories
-def _read_sweep_dir(fs, directory: str, root: str):
-    # One recursive listing (a single request on an object store), not a walk.
-    found = sorted(fs.glob(directory.rstrip("/") + "/**/" + run_records.RECORD_FILE))
+def _read_sweep_dir(directory: epath.Path, root: str):
+    found = run_records.find_records(directory)  # one listing on an object store, not a walk
     if not found:
         raise AnalysisInputError(f"{root}: no result.json records found under this directory")
     parsed, notes = [], []
     unreadable = 0
-    for found_file in found:
-        file = root.rstrip("/") + found_file[len(directory.rstrip("/")):]  # as the caller named it
+    for file in found:
         try:
-            data = json.loads(fs.cat_file(found_file))
+            data = json.loads(file.read_bytes())
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             unreadable += 1
             notes.append(f"{file}: skipped, not valid JSON ({type(error).__name__})")
             continue
         try:
-            record = run_records.from_dict(data, file)
-        except run_records.RecordError as error:  # decodable but invalid: bad data, not a partial write
+            record = run_records.from_dict(data, str(file))
+        except (run_records.RecordError, run_records.OutdatedRecord) as error:  # bad data, not a partial write
             raise AnalysisInputError(str(error)) from None
-        parsed.append((file, record, _legacy_config(fs, found_file, record)))
+        parsed.append((str(file), record))
     frame, skipped, unfinished, more_notes = _rows_from_records(parsed, root)
     if unreadable:
         skipped["unreadable record"] = unreadable
     return frame, skipped, unfinished, notes + more_notes
-
-
-def _legacy_config(fs, record_file: str, record) -> dict:
-    """The run's config.json, needed only for records older than ``peak_lr``/``planned_steps``."""
-    if record.point_id and record.planned_steps is not None:
-        return {}
-    config_file = posixpath.join(posixpath.dirname(record_file), "config.json")
-    try:
-        data = json.loads(fs.cat_file(config_file))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _rows_from_records(parsed, root: str):
@@ -181,7 +162,7 @@ def _rows_from_records(parsed, root: str):
     skipped, notes = collections.Counter(), []
     seen: dict[str, str] = {}
     rows, unfinished = [], []
-    for file, record, config in parsed:
+    for file, record in parsed:
         if record.run_id in seen:
             skipped["duplicate run_id"] += 1
             notes.append(f"{file}: same run_id {record.run_id} as {seen[record.run_id]}; counted once")
@@ -193,21 +174,15 @@ def _rows_from_records(parsed, root: str):
             unfinished.append({"depth": record.depth, "width": record.width, "seed": record.seed,
                                "status": record.status, "name": name})
             continue
-        optim = config.get("optim", {}) if isinstance(config.get("optim"), dict) else {}
-        peak_lr = record.peak_lr if record.peak_lr is not None else optim.get("peak_lr", record.peak_lr_hidden)
-        steps = record.planned_steps if record.planned_steps is not None else config.get("steps", record.steps)
-        rows.append({"depth": record.depth, "width": record.width,
-                     "params": float(non_embedding_params(record.depth, record.width)),
-                     "seed": record.seed, "loss": record.final_eval_loss,
-                     "peak_lr": math.nan if peak_lr is None else float(peak_lr),
-                     "lr_rule": record.lr_rule or str(optim.get("lr_rule", "")),
-                     "steps": float(steps), "data": record.data_fingerprint or "unknown",
-                     "point": record.point_id, "run_id": record.run_id, "name": name})
+        rows.append({"depth": record.depth, "width": record.width, "params": float(record.params_non_embedding),
+                     "seed": record.seed, "loss": record.final_eval_loss, "peak_lr": float(record.peak_lr),
+                     "lr_rule": record.lr_rule, "steps": float(record.planned_steps),
+                     "data": record.data_fingerprint or "unknown", "point": record.point_id,
+                     "run_id": record.run_id, "name": name})
     if not rows:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
         raise AnalysisInputError(f"{root}: no finished runs among {len(parsed)} records ({reasons})")
     frame = pd.DataFrame(rows)
-    frame["point"] = _fill_legacy_points(frame)
     columns = ["depth", "width", "seed", "status", "name"]
     return frame[list(RUN_COLUMNS)], dict(skipped), pd.DataFrame(unfinished, columns=columns), notes
 
@@ -216,39 +191,16 @@ def _setting_key(row) -> tuple:
     return (row.depth, row.width, row.lr_rule, _lr_text(row.peak_lr), row.steps, row.data)
 
 
-def _fill_legacy_points(frame: pd.DataFrame) -> list[str]:
-    """Records without ``point_id`` join the one point of their setting, or get one from it.
-
-    Such records predate ``point_id``; they are told apart only by the fields
-    they have (shape, learning rate and rule, steps, data).
-    """
-    by_setting = collections.defaultdict(set)
-    for row in frame.itertuples():
-        if row.point:
-            by_setting[_setting_key(row)].add(row.point)
-    points = []
-    for row in frame.itertuples():
-        if row.point:
-            points.append(row.point)
-            continue
-        known = by_setting.get(_setting_key(row), set())
-        if len(known) == 1:
-            points.append(next(iter(known)))
-        else:
-            points.append("legacy-" + hashlib.sha256(repr(_setting_key(row)).encode()).hexdigest()[:12])
-    return points
-
-
 def _lr_text(value) -> str:
     return "unknown" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"
 
 
 # ---------------------------------------------------------------- CSV files
-def _load_csv(fs, file: str, path: str) -> pd.DataFrame:
-    if fs.size(file) == 0:
+def _load_csv(file: epath.Path, path: str) -> pd.DataFrame:
+    if file.stat().length == 0:
         raise AnalysisInputError(f"{path}: file is empty")
     try:
-        with fs.open(file, "rb") as handle:
+        with file.open("rb") as handle:
             frame = pd.read_csv(handle)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -305,7 +257,9 @@ def _check_values(frame: pd.DataFrame, path: str) -> None:
 
 
 def _check_params_column(frame: pd.DataFrame, path: str) -> None:
-    expected = non_embedding_params(frame["depth"], frame["width"])
+    """A CSV row carries no run record (whose ``params_non_embedding`` the trainer computed), so its
+    params column is checked against the paper's accounting itself: a total count would pass otherwise."""
+    expected = 12.0 * frame["depth"].to_numpy(float) * frame["width"].to_numpy(float) ** 2
     relative = np.abs(frame["params"].to_numpy(float) / expected - 1.0)
     bad = np.flatnonzero(relative > _PARAMS_TOLERANCE)
     if bad.size:

@@ -242,6 +242,7 @@ class _GcsStore:
     """
 
     def __init__(self, path: str):
+        # google-cloud-storage, not epath/gcsfs: gcsfs can only create-if-absent, not write or delete at a generation.
         from google.cloud import storage
 
         bucket, _, self.name = path[len("gs://"):].partition("/")

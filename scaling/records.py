@@ -13,7 +13,11 @@ Guarantees:
 - ``read_record`` validates types and values and raises ``RecordError``
   naming the file and the problem, so one damaged record can be reported
   and skipped instead of stopping a whole sweep.
-- ``schema_version`` says which fields a record has. Version 1 is this one.
+- ``schema_version`` says which fields a record has. Version 2 (this one)
+  requires what the analysis groups runs by (``point_id``, ``lr_rule``,
+  ``peak_lr``, ``planned_steps``), which version 1 left optional. A
+  version-1 record is refused with one line naming the command that
+  upgrades it in place, once (``python -m scaling.migrate_records DIR``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import json
 import math
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+MIGRATE_COMMAND = "python -m scaling.migrate_records"
 RECORD_FILE = "result.json"
 # "stopped": SIGTERM or Ctrl-C ended it after saving a checkpoint (resumable); not a failure.
 STATUSES = ("running", "finished", "diverged", "failed", "stopped")
@@ -33,15 +38,23 @@ class RecordError(ValueError):
     """A run record that cannot be read or is not valid; the message names the file."""
 
 
-@dataclasses.dataclass(frozen=True)
+class OutdatedRecord(ValueError):
+    """A record of an older schema version: valid once, to be upgraded (``MIGRATE_COMMAND``), never
+    read as if it were damaged (a launcher would train its run again)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunRecord:
     """One run's outcome and identity.
 
     Units: losses in nats per predicted token (``*_bits`` in bits), sizes in
-    parameters, ``tokens`` in training tokens actually consumed, time in
-    seconds of wall clock summed over every segment of a resumed run.
-    ``point_id`` is the run id of the same config with the seed left out:
-    runs that share it differ only by seed, so the analysis may pool them.
+    parameters (``params_non_embedding`` is N = 12·L·d²), ``tokens`` in
+    training tokens actually consumed, time in seconds of wall clock summed
+    over every segment of a resumed run. ``point_id`` is the run id of the
+    same config with the seed left out: runs that share it differ only by
+    seed, so the analysis may pool them. ``peak_lr`` is the config's peak
+    learning rate (``lr_rule`` scales it per width), ``planned_steps`` the
+    optimiser steps the config asks for (``steps``: those taken).
     """
 
     run_id: str
@@ -50,19 +63,19 @@ class RunRecord:
     width: int
     seed: int
     params_non_embedding: int
+    point_id: str
+    lr_rule: str
+    peak_lr: float
+    planned_steps: int
     name: str = ""
     sweep: str = ""
-    point_id: str = ""
     heads: int | None = None
     params_total: int | None = None
     params_embedding: int | None = None
-    lr_rule: str = ""
-    peak_lr: float | None = None
     peak_lr_hidden: float | None = None
     data_fingerprint: str = ""
     code_version: str = ""
     tokens_per_step: int | None = None
-    planned_steps: int | None = None
     steps: int = 0
     tokens: int = 0
     initial_eval_loss: float | None = None
@@ -79,7 +92,7 @@ class RunRecord:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r} is invalid: allowed one of {', '.join(STATUSES)}")
-        for name in ("depth", "width", "params_non_embedding"):
+        for name in ("depth", "width", "params_non_embedding", "planned_steps"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 1")
@@ -87,8 +100,13 @@ class RunRecord:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 0")
-        if not (isinstance(self.run_id, str) and self.run_id):
-            raise ValueError(f"run_id={self.run_id!r} is invalid: allowed a non-empty string")
+        for name in ("run_id", "point_id", "lr_rule"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) and value):
+                raise ValueError(f"{name}={value!r} is invalid: allowed a non-empty string")
+        if not (isinstance(self.peak_lr, (int, float)) and not isinstance(self.peak_lr, bool)
+                and math.isfinite(self.peak_lr) and self.peak_lr > 0):
+            raise ValueError(f"peak_lr={self.peak_lr!r} is invalid: allowed a finite number > 0")
         for name in ("initial_eval_loss", "final_eval_loss", "final_train_loss", "final_eval_bits"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
@@ -99,8 +117,8 @@ class RunRecord:
                 raise ValueError(f"final_eval_loss={loss!r} is invalid for a finished run: allowed a finite "
                                  "number >= 0")
         if self.schema_version != SCHEMA_VERSION:
-            raise ValueError(f"schema_version={self.schema_version!r} is not supported: this code reads "
-                             f"version {SCHEMA_VERSION}")
+            raise ValueError(f"schema_version={self.schema_version!r} is not supported: this code writes and "
+                             f"reads version {SCHEMA_VERSION}")
 
     def to_json(self) -> str:
         """Strict JSON (non-finite numbers become null), keys sorted."""
@@ -132,10 +150,27 @@ def record_path(run_dir):
     return _path(run_dir) / RECORD_FILE
 
 
+def migrate_hint(source: str) -> str:
+    """The command that upgrades the record ``source`` names (with the folder holding its run when
+    ``source`` is a ``result.json`` path)."""
+    if source.endswith("/" + RECORD_FILE):
+        runs = source[:-len(RECORD_FILE) - 1].rstrip("/").rpartition("/")[0]
+        return f"{MIGRATE_COMMAND} {runs or '.'}"
+    return f"{MIGRATE_COMMAND} DIR"
+
+
 def from_dict(data: Any, source: str = "<record>") -> RunRecord:
-    """Validate a decoded record; raises ``RecordError`` naming ``source``."""
+    """Validate a decoded record; raises ``RecordError`` naming ``source``, or ``OutdatedRecord`` (one
+    line naming the upgrade command) for a record of an older schema version."""
     if not isinstance(data, dict):
         raise RecordError(f"{source}: not a run record (a JSON {type(data).__name__}, expected an object)")
+    version = data.get("schema_version", 1)  # records before the field existed are version 1
+    if isinstance(version, int) and not isinstance(version, bool) and version < SCHEMA_VERSION:
+        raise OutdatedRecord(f"{source}: a run record of schema version {version}, this code reads "
+                             f"{SCHEMA_VERSION}; upgrade the records once with: {migrate_hint(source)}")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise RecordError(f"{source}: schema_version={version} is newer than this code reads "
+                          f"({SCHEMA_VERSION}); update the code")
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise RecordError(f"{source}: unknown field(s) {unknown}; is it from a newer version of this code?")
@@ -148,7 +183,8 @@ def from_dict(data: Any, source: str = "<record>") -> RunRecord:
 
 
 def read_record(run_dir) -> RunRecord | None:
-    """The run's record, None if it has none yet, or ``RecordError`` if it is damaged or invalid."""
+    """The run's record, None if it has none yet, ``RecordError`` if it is damaged or invalid,
+    ``OutdatedRecord`` if it is of an older schema version."""
     path = record_path(run_dir)
     try:
         if not path.exists():
@@ -163,13 +199,16 @@ def read_record(run_dir) -> RunRecord | None:
     return from_dict(data, str(path))
 
 
-def write_json_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers never see a partial file (``scaling.storage.write_atomic``)."""
-    from scaling.storage import write_atomic
+def find_records(root) -> list:
+    """The ``result.json`` files at any depth under ``root`` (local or ``gs://``), as
+    ``etils.epath.Path``s, sorted; one listing on an object store."""
+    from scaling.storage import find
 
-    write_atomic(path, text)
+    return find(root, RECORD_FILE)
 
 
 def write_record(run_dir, record: RunRecord) -> None:
-    """Write ``record`` atomically to ``<run_dir>/result.json``."""
-    write_json_atomic(record_path(run_dir), record.to_json())
+    """Write ``record`` atomically to ``<run_dir>/result.json`` (``scaling.storage.write_atomic``)."""
+    from scaling.storage import write_atomic
+
+    write_atomic(record_path(run_dir), record.to_json())

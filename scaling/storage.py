@@ -1,10 +1,14 @@
-"""The one storage layer: which paths are remote, atomic writes, moving a folder, and the GCS emulator.
+"""The one storage layer: which paths are remote, atomic writes, finding files, and the GCS emulator.
 
-Every file of the project (run records, leases, metrics, checkpoints, the
-token cache, the analysis) goes through ``etils.epath``; ``gs://`` paths
-reach Cloud Storage through three client stacks:
+Every path of the project (run records, leases, metrics, checkpoints, the
+token cache, the analysis) is an ``etils.epath.Path``, local or ``gs://``.
+What epath cannot say is here, and only here, written with the fsspec
+filesystem under it: an upload in one request (``write_atomic``), one
+listing of a whole tree (``find``) or of a folder's sizes (``file_sizes``),
+exact byte ranges fetched together (``read_ranges``), and moving a folder.
+``gs://`` paths reach Cloud Storage through three client stacks:
 
-- ``etils.epath`` and ``fsspec`` through **gcsfs** (records, metrics, token cache, analysis);
+- ``etils.epath`` (and fsspec, here) through **gcsfs** (records, metrics, token cache, analysis);
 - **google-cloud-storage** (the lease's generation preconditions; orbax asks it about the bucket);
 - **tensorstore**'s own GCS driver (orbax's array data).
 
@@ -29,9 +33,11 @@ Importing ``scaling`` calls ``use_emulator`` once; it changes nothing unless
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 
@@ -54,9 +60,7 @@ def write_atomic(path, data: bytes | str) -> None:
 
     data = data.encode() if isinstance(data, str) else data
     if is_remote(path):
-        import fsspec
-
-        fs, key = fsspec.core.url_to_fs(os.fspath(path))
+        fs, key = _filesystem(os.fspath(path))
         fs.pipe_file(key, data)
         return
     path = epath.Path(path)
@@ -72,6 +76,50 @@ def write_atomic(path, data: bytes | str) -> None:
             os.remove(tmp)
 
 
+def _filesystem(path: str):
+    """The fsspec filesystem of ``path`` and the path as that filesystem names it."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def find(root, name: str) -> list:
+    """Every file called ``name`` at any depth under the folder ``root``, as ``etils.epath.Path``s, sorted.
+
+    Object stores: one recursive listing of the prefix (a request per 1000
+    objects), not a request per folder as a walk would make. The paths
+    keep the form the caller gave ``root`` in (``gs://...`` stays so).
+    """
+    from etils import epath
+
+    text = os.fspath(root).rstrip("/") or "/"
+    if not is_remote(text):
+        return [epath.Path(p) for p in sorted(glob.glob(os.path.join(glob.escape(text), "**", name),
+                                                        recursive=True))]
+    fs, key = _filesystem(text)
+    key = key.rstrip("/")
+    found = sorted(p for p in fs.find(key) if p.rsplit("/", 1)[-1] == name)
+    return [epath.Path(text + p[len(key):]) for p in found]
+
+
+def file_sizes(folder) -> dict[str, int]:
+    """Name -> size (bytes) of every file directly in ``folder``, from one fresh listing (a request on
+    an object store; gcsfs would otherwise answer from a listing it cached earlier)."""
+    fs, key = _filesystem(os.fspath(folder))
+    return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry["size"])
+            for entry in fs.ls(key, detail=True, refresh=True) if entry["type"] == "file"}
+
+
+def read_ranges(paths: Sequence, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
+    """Bytes ``[start, end)`` of each of ``paths`` (all on one filesystem): on an object store one
+    exact range request each, all sent at once, where a file object would read megabytes ahead per seek."""
+    if not paths:
+        return []
+    fs, _ = _filesystem(os.fspath(paths[0]))
+    keys = [_filesystem(os.fspath(path))[1] for path in paths]
+    return fs.cat_ranges(keys, list(starts), list(ends), on_error="raise")
+
+
 def move_folder(source, destination) -> None:
     """Move the folder ``source`` (with everything under it) to ``destination``, which must not exist.
 
@@ -85,10 +133,8 @@ def move_folder(source, destination) -> None:
         os.makedirs(os.path.dirname(os.fspath(destination)), exist_ok=True)
         shutil.move(os.fspath(source), os.fspath(destination))
         return
-    import fsspec
-
-    fs, source_path = fsspec.core.url_to_fs(os.fspath(source))
-    _, destination_path = fsspec.core.url_to_fs(os.fspath(destination))
+    fs, source_path = _filesystem(os.fspath(source))
+    _, destination_path = _filesystem(os.fspath(destination))
     if fs.exists(destination_path):
         raise FileExistsError(f"{destination} already exists; cannot move {source} there")
     fs.mv(source_path, destination_path, recursive=True)

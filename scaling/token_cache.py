@@ -66,10 +66,11 @@ Why hand-written ``.npy`` shards and not Grain or ArrayRecord
     step's rows are a few byte ranges. ArrayRecord opens files by path, so
     pods usually mount the bucket with gcsfuse for it (MaxText ships a
     ``setup_gcsfuse.sh`` for its Grain datasets): one more service per host.
-    Here ``gs://`` goes through fsspec like every other file of the project.
-    A plain ``.npy`` stays readable with ``np.load`` by anyone, and fsspec's
-    exact range requests avoid the megabytes of read-ahead a buffered
-    ``gs://`` file object fetches per seek.
+    Here ``gs://`` goes through ``etils.epath`` and ``scaling.storage`` like
+    every other file of the project. A plain ``.npy`` stays readable with
+    ``np.load`` by anyone, and exact range requests (``storage.read_ranges``)
+    avoid the megabytes of read-ahead a buffered ``gs://`` file object
+    fetches per seek.
 
 Command line: ``python -m scaling.data cache --help``.
 """
@@ -82,18 +83,16 @@ import io
 import json
 import os
 import pathlib
-import posixpath
 import shlex
 import sys
 import threading
 
-import fsspec
 import numpy as np
 from etils import epath
 
 from scaling import corpus
 from scaling.config import TEXT_SOURCES, DataConfig
-from scaling.storage import write_atomic
+from scaling.storage import file_sizes, is_remote, read_ranges, write_atomic
 from scaling.tokenizer import ByteTokenizer, HFTokenizer, build_tokenizer
 
 FORMAT_VERSION = "scaling-data-v1"  # bump when splitting, packing or order change (part of the fingerprint)
@@ -169,11 +168,11 @@ class TokenStream:
     for inspection). ``bytes_read`` counts the token bytes fetched so far.
     """
 
-    def __init__(self, fs, root: str, shards: list[dict], dtype: np.dtype, sizes: dict[str, int], where: str,
+    def __init__(self, directory: epath.Path, shards: list[dict], dtype: np.dtype, sizes: dict[str, int],
                  copy_dir: pathlib.Path | None = None):
-        self.fs, self.dtype = fs, np.dtype(dtype)
-        self.shards, self.where = shards, where
-        self.paths = [posixpath.join(root, shard["file"]) for shard in shards]
+        self.dtype = np.dtype(dtype)
+        self.shards, self.where = shards, os.fspath(directory)
+        self.paths = [directory / shard["file"] for shard in shards]
         self.data_offsets = [int(shard["data_offset"]) for shard in shards]
         counts = np.array([int(shard["tokens"]) for shard in shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)])  # token offset of each shard in the stream
@@ -182,14 +181,14 @@ class TokenStream:
             found = sizes.get(shard["file"])
             if found != expected:
                 state = "is missing" if found is None else f"has {found} bytes"
-                raise CacheError(f"token cache {where} is damaged: {shard['file']} {state}, expected {expected}; "
-                                 "build it again with the same `python -m scaling.data cache` command")
+                raise CacheError(f"token cache {self.where} is damaged: {shard['file']} {state}, expected "
+                                 f"{expected}; build it again with the same `python -m scaling.data cache` command")
         self.bytes_read = 0
         self._lock = threading.Lock()
         # Local shards are memory-mapped (no system call per window); remote ones
         # are copied to ``copy_dir`` on first use and mapped there, or, without
         # a copy_dir, read as exact byte ranges, all of a batch at once.
-        self._local = "file" in np.atleast_1d(fs.protocol).tolist()
+        self._local = not is_remote(directory)
         self.copy_dir = None if self._local else copy_dir
         self._maps: dict[int, np.ndarray] = {}
 
@@ -218,10 +217,9 @@ class TokenStream:
                 out[row, column:column + high - low] = self._memory_map(k)[low:high]
         else:
             size = self.dtype.itemsize
-            blobs = self.fs.cat_ranges([self.paths[k] for _, _, k, _, _ in pieces],
-                                       [self.data_offsets[k] + low * size for _, _, k, low, _ in pieces],
-                                       [self.data_offsets[k] + high * size for _, _, k, _, high in pieces],
-                                       on_error="raise")
+            blobs = read_ranges([self.paths[k] for _, _, k, _, _ in pieces],
+                                [self.data_offsets[k] + low * size for _, _, k, low, _ in pieces],
+                                [self.data_offsets[k] + high * size for _, _, k, _, high in pieces])
             for (row, column, k, low, high), blob in zip(pieces, blobs):
                 if len(blob) != (high - low) * size:
                     raise CacheError(f"short read from {self.paths[k]}: the cache changed while reading")
@@ -250,7 +248,7 @@ class TokenStream:
         size = self.data_offsets[k] + int(self.offsets[k + 1] - self.offsets[k]) * self.dtype.itemsize
         if target.exists() and target.stat().st_size == size:  # written only after its hash was checked
             return str(target)
-        data = self.fs.cat_file(self.paths[k])
+        data = self.paths[k].read_bytes()
         body = data[self.data_offsets[k]:]
         if len(data) != size or hashlib.sha256(body).hexdigest() != shard["sha256"]:
             raise CacheError(f"token cache {self.where} is damaged: {shard['file']} does not match its recorded "
@@ -336,22 +334,15 @@ def open_cache(directory, config: DataConfig | None = None, *, local_copy: bool 
                                 metadata["tokenizer"])
     if tokenizer.identity != metadata["tokenizer_identity"]:
         raise CacheError(f"token cache {where}: {TOKENIZER_FILE} is not the tokenizer the tokens were made with")
-    fs, root = fsspec.core.url_to_fs(where)
-    listing = fs.ls(root, detail=True, refresh=True)  # refresh: gcsfs would answer from a stale listing
-    sizes = {posixpath.basename(entry["name"].rstrip("/")): entry["size"] for entry in listing}
+    sizes = file_sizes(directory)
     dtype = np.dtype(metadata["dtype"])
     copy_dir = default_cache_dir() / "copies" / metadata["tokens_sha256"][:32] if local_copy else None
-    streams = [TokenStream(fs, root, metadata["shards"][split], dtype, sizes, where, copy_dir) for split in SPLITS]
+    streams = [TokenStream(directory, metadata["shards"][split], dtype, sizes, copy_dir) for split in SPLITS]
     return TokenCache(directory, metadata, tokenizer, *streams)
 
 
 # ---------------------------------------------------------------------------
 # Building
-
-
-def _write_atomic(path: epath.Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never part of one."""
-    write_atomic(path, data)
 
 
 def _read_json(path: epath.Path) -> dict | None:
@@ -388,8 +379,8 @@ def _write_shard(directory: epath.Path, name: str, texts: list[str], tokenizer, 
             "data_offset": len(data) - tokens.nbytes, "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}
     # The record goes first and the shard's final name last: a crash in between
     # leaves no shard, so the resumed build writes it again.
-    _write_atomic(directory / f"{name}.json", json.dumps(info).encode())
-    _write_atomic(directory / info["file"], data)
+    write_atomic(directory / f"{name}.json", json.dumps(info).encode())
+    write_atomic(directory / info["file"], data)
     return info
 
 
@@ -462,9 +453,9 @@ def build_cache(config: DataConfig, directory=None, documents_per_shard: int = D
         raise CacheError(f"{where} holds a partial token cache built with {differ}; "
                          "resume it with the same settings, or delete it, or choose another --cache-dir")
     directory.mkdir(parents=True, exist_ok=True)
-    _write_atomic(directory / PLAN, json.dumps(plan).encode())
+    write_atomic(directory / PLAN, json.dumps(plan).encode())
     if not isinstance(tokenizer, ByteTokenizer):
-        _write_atomic(directory / TOKENIZER_FILE, tokenizer.tokenizer.to_str().encode())
+        write_atomic(directory / TOKENIZER_FILE, tokenizer.tokenizer.to_str().encode())
 
     per_shard = plan["documents_per_shard"]
     eos_id = tokenizer.base_vocab_size + SPECIAL_TOKENS.index("eos")
@@ -499,5 +490,5 @@ def build_cache(config: DataConfig, directory=None, documents_per_shard: int = D
                                                     for s in shards[split]]).encode()).hexdigest(),
         "shards": shards,
     }
-    _write_atomic(directory / METADATA, json.dumps(metadata, indent=1).encode())
+    write_atomic(directory / METADATA, json.dumps(metadata, indent=1).encode())
     return directory

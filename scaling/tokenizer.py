@@ -24,6 +24,8 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from scaling.storage import write_atomic
+
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids (256 ids)."""
@@ -79,9 +81,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: pathlib.Path | None =
     tokenizer.train_from_iterator(texts, trainer=trainer)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tokenizer.save(str(tmp))
-        tmp.replace(path)  # atomic: hosts sharing a cache never read half a file
+        write_atomic(path, tokenizer.to_str(pretty=True))  # hosts sharing a cache never read half a file
     return HFTokenizer(tokenizer, f"bpe-{vocab_size}")
 
 

@@ -52,7 +52,7 @@ from etils import epath
 from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, records, rundir
 from scaling.checkpoints import Checkpoints, WriteAbandoned, exit_now_if_abandoned
 from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa: F401 - used by the CLIs
-from scaling.storage import is_remote
+from scaling.storage import is_remote, write_atomic
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
 from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
@@ -291,7 +291,7 @@ def _prepare_and_train(config: TrainConfig, run_dir: epath.Path, devices, show_p
         peak_lr_hidden=learning_rates(config.optim, config.model)["hidden"], code_version=rundir.code_version(),
         tokens_per_step=config.batch_size * config.data.seq_len, planned_steps=config.steps)
     if main_process:
-        records.write_json_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2, sort_keys=True))
+        write_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2, sort_keys=True))
     try:
         pipeline = data.build(config.data)
         record = record.replace(data_fingerprint=pipeline.fingerprint)
@@ -529,7 +529,7 @@ def _run_command(config: TrainConfig, args) -> int:
     except Preempted as stop:
         print(str(stop), file=sys.stderr)
         return PREEMPTED_EXIT_CODE
-    except (rundir.ConfigMismatch, lease_lib.RunBusy, LeaseLost) as error:
+    except (rundir.ConfigMismatch, lease_lib.RunBusy, LeaseLost, records.OutdatedRecord) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - the traceback is in the run's error.log

@@ -43,6 +43,7 @@ import re
 import shlex
 from pathlib import Path
 
+from scaling.storage import is_remote
 from sweeps import hosts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,7 +134,7 @@ def job_stem(sweep_name: str, prefix: str | None = None) -> str:
 def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
     """The jobs ``sky`` submits for ``args`` (see ``add_parser``); ``CloudError`` for unusable flags."""
     accelerator = parse_accelerator(args.accelerator, args.runtime_version)
-    if "://" not in args.workdir:
+    if not is_remote(args.workdir):
         raise CloudError(f"--workdir {args.workdir}: must be a bucket (gs://...); a slice's disks are deleted "
                          "with it, and each host sees only its own")
     if args.shares < 1:

@@ -62,7 +62,7 @@ import sys
 
 from scaling import cli
 from scaling.cli import fmt
-from scaling.storage import is_remote
+from scaling.storage import is_remote, write_atomic
 from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
@@ -202,7 +202,7 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
         return
     import wandb
 
-    local = not str(sweep_dir).startswith(("gs://", "s3://"))
+    local = not is_remote(sweep_dir)
     run = wandb.init(project=sweep.base.wandb_project, group=sweep.name, job_type="sweep", name=f"{sweep.name}-sweep",
                      id=f"sweep-{sweep.digest()}", resume="allow", config=sweep.to_dict(), mode=mode,
                      dir=str(sweep_dir) if local else None, settings=wandb.Settings(silent=True, console="off"))
@@ -227,7 +227,7 @@ def cmd_run(sweep: Sweep, args) -> int:
     from etils import epath
     from tqdm.auto import tqdm
 
-    from scaling import checkpoints, lease, progress, records, rundir
+    from scaling import checkpoints, lease, progress, rundir
 
     main_process = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
@@ -237,7 +237,7 @@ def cmd_run(sweep: Sweep, args) -> int:
     if main_process and (args.pod_wide or first_share):
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
-            records.write_json_atomic(sweep_dir / "sweep.json", json.dumps(sweep.to_dict(), indent=2, sort_keys=True))
+            write_atomic(sweep_dir / "sweep.json", json.dumps(sweep.to_dict(), indent=2, sort_keys=True))
         except OSError as error:
             raise LauncherError(f"cannot write to the sweep directory {sweep_dir}: {error}") from None
 

@@ -20,6 +20,7 @@ def record_json(name, depth, width, seed, loss, fingerprint="fp", **extra):
 
     return RunRecord(run_id=name, status="finished", depth=int(depth), width=int(width), seed=int(seed),
                      params_non_embedding=12 * int(depth) * int(width) ** 2, name=name,
+                     point_id=f"L{depth}-d{width}-{fingerprint}", lr_rule="constant", peak_lr=1e-3, planned_steps=100,
                      final_eval_loss=float(loss), data_fingerprint=fingerprint, **extra).to_json()
 
 

@@ -27,6 +27,7 @@ def _write_run(root: Path, run_id: str, task: str, n: int, arm: str, seed: int, 
     finished = status == "finished"
     records.write_record(run_dir, records.RunRecord(
         run_id=run_id, status=status, depth=2, width=16, seed=seed, params_non_embedding=6144,
+        point_id=f"{task}{n}{arm}{position}{train_strings}", lr_rule="constant", peak_lr=1e-3, planned_steps=100,
         final_eval_loss=bits * np.log(2) if finished else None,
         final_eval_accuracy=accuracy if finished else None, final_eval_bits=bits if finished else None,
         final_train_loss=train_loss))
@@ -138,3 +139,35 @@ def test_no_finished_runs_is_one_error_line(tmp_path):
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "1 running" in done.stderr
+
+
+def test_log_length_reads_gs_as_it_reads_a_local_directory(sweep_dir, gcs, capsys):
+    """The same records copied to the bucket give the same table, left-out counts included, and the
+    figure can be written to the bucket too."""
+    from etils import epath
+
+    from analysis.__main__ import main
+
+    directory, _ = sweep_dir
+    for file in directory.rglob("*.json"):
+        epath.Path(f"{gcs}/sweeps/log_length/{file.relative_to(directory)}").write_bytes(file.read_bytes())
+    for fmt in ("markdown", "csv", "json"):
+        assert main(["log-length", str(directory), "--format", fmt]) == 0
+        local = capsys.readouterr().out
+        assert main(["log-length", f"{gcs}/sweeps/log_length", "--format", fmt]) == 0
+        assert capsys.readouterr().out == local
+    assert "left out: 1 running" in local or '"running": 1' in local
+    assert main(["log-length", f"{gcs}/sweeps/log_length", "--figure", f"{gcs}/figures/accuracy.png"]) == 0
+    assert epath.Path(f"{gcs}/figures/accuracy.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_version_1_record_stops_the_table_with_the_migration_command(sweep_dir, capsys):
+    from analysis.__main__ import main
+
+    directory, _ = sweep_dir
+    record = directory / "first10standard0" / "result.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "schema_version": 1}))
+    assert main(["log-length", str(directory)]) == 2  # never left out quietly: the table would change
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"{record}: a run record of schema version 1" in line
+    assert line.endswith(f"python -m scaling.migrate_records {directory}")

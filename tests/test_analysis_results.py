@@ -15,7 +15,9 @@ def write_record(root, name, depth, width, seed, loss, status="finished", finger
     run = root / "sweep" / name
     run.mkdir(parents=True)
     record = {"status": status, "name": name, "run_id": name, "sweep": "sweep", "depth": depth,
-              "width": width, "params_non_embedding": 12 * depth * width ** 2,
+              "width": width, "params_non_embedding": 12 * depth * width ** 2, "schema_version": 2,
+              "point_id": f"L{depth}-d{width}-{fingerprint}", "lr_rule": "constant", "peak_lr": 1e-3,
+              "planned_steps": 10,
               "params_total": 12 * depth * width ** 2 + 1000, "seed": seed,
               "final_eval_loss": loss, "tokens": 1000, "steps": 10, "wall_seconds": 1.0,
               "code_version": "abc", "data_fingerprint": fingerprint}

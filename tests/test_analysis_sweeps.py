@@ -1,4 +1,4 @@
-"""Sweeps as they really are: several learning rates, copied run directories, repeated rows, old records."""
+"""Sweeps as they really are: several learning rates, copied run directories, repeated rows, outdated records."""
 
 import json
 import shutil
@@ -150,7 +150,9 @@ def test_fingerprint_for_a_csv_without_one_is_refused(tmp_path):
         load_runs(path, fingerprint="abc")
 
 
-def test_old_record_takes_its_rate_from_config_and_joins_its_point(tmp_path):
+def test_an_old_record_stops_loading_with_the_migration_command(tmp_path):
+    """A record of schema version 1 (here one from before the field existed) is never guessed at or
+    left out: the one-line error names the command that upgrades it (tests/test_migrate_records.py)."""
     new = record(3, 176, 1, 1.42)
     write(tmp_path, new)
     old = write(tmp_path, new.replace(run_id="old-seed0", seed=0, final_eval_loss=1.41))
@@ -158,10 +160,9 @@ def test_old_record_takes_its_rate_from_config_and_joins_its_point(tmp_path):
     for field in ("point_id", "peak_lr", "planned_steps", "schema_version"):
         del data[field]
     (old / "result.json").write_text(json.dumps(data))
-    (old / "config.json").write_text(json.dumps({"steps": 100, "optim": {"peak_lr": BETTER, "lr_rule": "constant"}}))
-    runs = load_runs(tmp_path).runs
-    assert runs["peak_lr"].tolist() == [BETTER, BETTER] and runs["point"].nunique() == 1
-    assert aggregate_seeds(runs)["n_seeds"].tolist() == [2]
+    with pytest.raises(AnalysisInputError, match="schema version 1") as error:
+        load_runs(tmp_path)
+    assert str(error.value).endswith(f"python -m scaling.migrate_records {tmp_path}")
 
 
 def test_summarize_gives_typed_outcomes(tmp_path):

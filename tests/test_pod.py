@@ -145,6 +145,7 @@ def test_two_processes_pod_wide_train_the_same_runs_despite_a_stale_record(tmp_p
             (view / "pod" / run.run_id).symlink_to(shared / "pod" / run.run_id)
     stale = records.RunRecord(run_id=stale_run.run_id, status="finished", depth=1, width=stale_run.width, seed=0,
                               params_non_embedding=stale_run.params, name=stale_run.name, sweep="pod", steps=12,
+                              point_id=stale_run.run_id, lr_rule="constant", peak_lr=1e-3, planned_steps=12,
                               final_eval_loss=9.5)
     records.write_record(view / "pod" / stale_run.run_id, stale)
 

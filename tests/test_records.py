@@ -68,11 +68,15 @@ def metric_steps(run_dir) -> list[int]:
 # The record type
 
 
+REQUIRED = dict(run_id="abc", status="finished", depth=2, width=32, seed=0, params_non_embedding=12 * 2 * 32**2,
+                point_id="abc0", lr_rule="constant", peak_lr=1e-3, planned_steps=10, final_eval_loss=2.5)
+
+
 def test_record_round_trip_and_validation(tmp_path):
-    record = records.RunRecord(run_id="abc", status="finished", depth=2, width=32, seed=0,
-                               params_non_embedding=12 * 2 * 32**2, final_eval_loss=2.5, wall_seconds=1.5)
+    record = records.RunRecord(**REQUIRED, wall_seconds=1.5)
     records.write_record(tmp_path, record)
     assert records.read_record(tmp_path) == record
+    assert json.loads((tmp_path / "result.json").read_text())["schema_version"] == records.SCHEMA_VERSION == 2
     assert not list(tmp_path.glob("*.tmp"))  # the temporary file was renamed, not left behind
     with pytest.raises(ValueError, match="final_eval_loss"):
         record.replace(final_eval_loss=-1.0)
@@ -82,17 +86,70 @@ def test_record_round_trip_and_validation(tmp_path):
         "final_eval_loss"] is None
 
 
+@pytest.mark.parametrize("field,value", [("point_id", ""), ("lr_rule", ""), ("peak_lr", 0.0),
+                                         ("peak_lr", float("nan")), ("planned_steps", 0), ("planned_steps", 2.5)])
+def test_version_2_requires_what_the_analysis_groups_runs_by(field, value):
+    with pytest.raises(ValueError, match=f"^{field}="):
+        records.RunRecord(**{**REQUIRED, field: value})
+    with pytest.raises(TypeError, match=field):
+        records.RunRecord(**{name: v for name, v in REQUIRED.items() if name != field})
+
+
 @pytest.mark.parametrize("text,reason", [('{"run_id": "a", "sta', "not valid JSON"),
                                          ("[1, 2]", "expected an object"),
-                                         ('{"run_id": "a"}', "missing"),
+                                         ('{"run_id": "a", "schema_version": 2}', "missing"),
                                          ('{"run_id": "a", "status": "finished", "depth": 1, "width": 16, '
-                                          '"seed": 0, "params_non_embedding": 3072, "final_eval_loss": -2}',
-                                          "final_eval_loss")])
+                                          '"seed": 0, "params_non_embedding": 3072, "point_id": "a0", '
+                                          '"lr_rule": "constant", "peak_lr": 0.001, "planned_steps": 10, '
+                                          '"final_eval_loss": -2, "schema_version": 2}', "final_eval_loss"),
+                                         ('{"run_id": "a", "schema_version": 3}', "schema_version=3")])
 def test_damaged_records_are_named(tmp_path, text, reason):
     (tmp_path / "result.json").write_text(text)
     with pytest.raises(records.RecordError, match=reason) as caught:
         records.read_record(tmp_path)
     assert str(tmp_path / "result.json") in str(caught.value)
+
+
+@pytest.mark.parametrize("version", [{"schema_version": 1}, {}])  # the earliest records have no version field
+def test_a_version_1_record_is_refused_in_one_line_naming_the_migration(tmp_path, version):
+    run_dir = tmp_path / "sweep" / "abc"
+    run_dir.mkdir(parents=True)
+    data = {k: v for k, v in json.loads(records.RunRecord(**REQUIRED).to_json()).items() if k != "schema_version"}
+    (run_dir / "result.json").write_text(json.dumps({**data, **version}))
+    with pytest.raises(records.OutdatedRecord) as caught:
+        records.read_record(run_dir)
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and str(run_dir / "result.json") in message
+    assert message.endswith(f"python -m scaling.migrate_records {tmp_path / 'sweep'}")
+    assert not isinstance(caught.value, records.RecordError)  # not "damaged": a launcher would train it again
+
+
+def test_launcher_status_on_a_version_1_record_is_one_line_naming_the_migration(tmp_path):
+    sweep_file = write_sweep(tmp_path)
+    from sweeps import spec
+
+    run = spec.load_sweep(sweep_file).expand().runs[0]
+    run_dir = Path(str(run.run_dir(tmp_path / "runs")))
+    run_dir.mkdir(parents=True)
+    (run_dir / "result.json").write_text(json.dumps({"run_id": run.run_id, "status": "finished", "depth": 1,
+                                                     "width": 16, "seed": 0, "params_non_embedding": 3072,
+                                                     "final_eval_loss": 2.0}))
+    done = launch("status", sweep_file, "--workdir", tmp_path / "runs", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [f"python -m sweeps.launch status: error: {run_dir}/result.json: "
+                                                f"a run record of schema version 1, this code reads 2; upgrade the "
+                                                f"records once with: python -m scaling.migrate_records "
+                                                f"{run_dir.parent}"]
+
+
+def test_find_records_lists_every_depth_in_the_callers_form(tmp_path, monkeypatch):
+    for folder in ("a", "b/c", "b/c/d"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "result.json").write_text("{}")
+    (tmp_path / "b" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert [str(p) for p in records.find_records("b")] == ["b/c/d/result.json", "b/c/result.json"]
+    assert records.find_records("missing") == []
 
 
 def test_records_import_without_jax():

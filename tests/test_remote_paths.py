@@ -127,7 +127,9 @@ def write_record(directory, name, depth, width, loss):
     run.mkdir(parents=True, exist_ok=True)
     (run / "result.json").write_text(json.dumps({
         "status": "finished", "name": name, "run_id": name, "depth": depth, "width": width, "seed": 0,
-        "params_non_embedding": 12 * depth * width ** 2, "final_eval_loss": loss, "data_fingerprint": "fp"}))
+        "params_non_embedding": 12 * depth * width ** 2, "final_eval_loss": loss, "data_fingerprint": "fp",
+        "schema_version": 2, "point_id": f"L{depth}-d{width}", "lr_rule": "constant", "peak_lr": 1e-3,
+        "planned_steps": 10}))
 
 
 def test_analysis_loads_a_sweep_and_a_csv_from_gs(gcs):
@@ -145,6 +147,19 @@ def test_analysis_loads_a_sweep_and_a_csv_from_gs(gcs):
         load_runs(f"{gcs}/missing")
 
 
+def test_analysis_writes_its_csv_fit_and_figures_to_gs(gcs, capsys):
+    from analysis.__main__ import main
+
+    assert main(["synthetic", "--out", f"{gcs}/synthetic.csv", "--depths", "2", "4", "6", "--seeds", "2"]) == 0
+    assert main(["fit", f"{gcs}/synthetic.csv", "--save", f"{gcs}/fit.json", "--bootstrap", "20"]) == 0
+    assert main(["optimal", "--params", "1e9", "--fit", f"{gcs}/fit.json"]) == 0
+    assert main(["plot", f"{gcs}/synthetic.csv", "--out", f"{gcs}/figures", "--bootstrap", "20"]) == 0
+    capsys.readouterr()
+    stored = keys(gcs)
+    assert {"synthetic.csv", "fit.json"} <= stored and "figures/loss_vs_size.png" in stored
+    assert epath.Path(f"{gcs}/figures/loss_vs_size.pdf").read_bytes().startswith(b"%PDF")
+
+
 def test_launcher_status_reads_run_records_from_gs(gcs, capsys):
     sweep_file = REPO / "sweeps" / "configs" / "smoke.py"
     runs = spec.load_sweep(sweep_file).expand().runs
@@ -153,7 +168,8 @@ def test_launcher_status_reads_run_records_from_gs(gcs, capsys):
     model = runs[0].config.model
     records.write_record(done, records.RunRecord(
         run_id=runs[0].run_id, status="finished", depth=model.depth, width=model.width, seed=0,
-        params_non_embedding=12 * model.depth * model.width ** 2, name=runs[0].name, final_eval_loss=2.0))
+        params_non_embedding=12 * model.depth * model.width ** 2, name=runs[0].name, final_eval_loss=2.0,
+        point_id=runs[0].run_id, lr_rule="constant", peak_lr=1e-3, planned_steps=10))
     assert launch.main(["status", str(sweep_file), "--workdir", f"{gcs}/runs", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["counts"]["finished"] == 1 and status["total"] == len(runs)

@@ -77,7 +77,9 @@ def write_record(run, workdir, status="finished", loss=3.0, **fields):
     record = records.RunRecord(
         run_id=run.run_id, status=status, depth=config.model.depth, width=config.model.width, seed=config.seed,
         params_non_embedding=12 * config.model.depth * config.model.width ** 2, name=run.name,
-        sweep=config.sweep_name, final_eval_loss=loss if status == "finished" else None, **fields)
+        sweep=config.sweep_name, final_eval_loss=loss if status == "finished" else None,
+        point_id=run.run_id, lr_rule=config.optim.lr_rule, peak_lr=config.optim.peak_lr, planned_steps=config.steps,
+        **fields)
     run_dir = Path(str(run.run_dir(workdir)))
     run_dir.mkdir(parents=True, exist_ok=True)
     records.write_record(run_dir, record)
