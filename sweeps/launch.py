@@ -26,8 +26,9 @@ step, at the end of a run (its final evaluation) or between runs before the
 next one starts (the launcher and its runs share one ``scaling.stopping.Stop``).
 
 Runs train in this process, one after another, through
-``scaling.train.run``. In-process keeps start-up cheap and lets pod-wide mode
-start ``jax.distributed`` once for the whole sweep. The price: a hard crash
+``scaling.train.run``. In-process keeps start-up cheap, lets the runs of one
+shape (seeds, learning rates) share one compiled step (``scaling.program``),
+and lets pod-wide mode start ``jax.distributed`` once for the whole sweep. The price: a hard crash
 of the process (host out of memory, a segfault) stops the sweep; rerunning
 resumes from the crashed run's last checkpoint.
 
