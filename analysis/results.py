@@ -37,7 +37,6 @@ import pandas as pd
 from etils import epath
 
 from analysis.errors import AnalysisInputError
-from analysis.points import aggregate_seeds, pooled_seed_std  # noqa: F401 - also importable from here
 from scaling import records as run_records
 
 CSV_COLUMNS = ("depth", "width", "params", "seed", "loss")

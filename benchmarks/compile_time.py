@@ -1,7 +1,7 @@
 """Compile time and step time of the real train step against depth, scanned against unrolled layers.
 
 For each depth L (default 6, 24, 48) at width 64 (sequence 128, batch 16,
-the throughput benchmark's model), it builds ``scaling.train.build(...)``
+the throughput benchmark's model), it builds ``scaling.program.build(...)``
 twice, with ``ModelConfig.scan_layers`` True and False, and reports:
 - compile seconds: tracing, lowering and XLA compilation of ``train_step``
   (ahead of time, from abstract shapes);
@@ -29,22 +29,24 @@ def measure(depth: int, width: int, scan_layers: bool, steps: int) -> dict:
     import jax
 
     from scaling import mesh as mesh_lib
-    from scaling import train
+    from scaling import program as program_lib
     from scaling.config import MeshConfig
 
     config = train_config(depth, width, scan_layers=scan_layers)
     mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
-    program = train.build(config, mesh)
+    program = program_lib.build(config, mesh)
     start = time.perf_counter()
-    compiled = program.train_step.lower(program.abstract_state, train.batch_spec(config, mesh)).compile()
+    compiled = program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
+                                        program.abstract_hparams).compile()
     compile_seconds = time.perf_counter() - start
     state, batch = program.init(jax.random.PRNGKey(0)), random_batch(mesh)
-    state, metrics = compiled(state, batch)  # first run: allocation and warm-up
+    hparams = jax.device_put(program_lib.hyperparameters(config), mesh_lib.replicated(mesh))
+    state, metrics = compiled(state, batch, hparams)  # first run: allocation and warm-up
     jax.block_until_ready(metrics)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        state, metrics = compiled(state, batch)
+        state, metrics = compiled(state, batch, hparams)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - start)
     return {"depth": depth, "width": width, "scan_layers": scan_layers, "compile_seconds": compile_seconds,

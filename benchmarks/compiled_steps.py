@@ -94,9 +94,9 @@ def price(directory: Path) -> list[dict]:
         row = {key: meta[key] for key in ("name", "topology", "chips", "jax", "compile_seconds",
                                            "hbm_bytes_per_device", "temporary_bytes")}
         row["fits"] = meta["hbm_bytes_per_device"] <= preflight.FIT_FRACTION * topology.chip.hbm_bytes
-        from scaling import train
+        from scaling import program as program_lib
 
-        row["parameters"] = preflight.parameter_count(train.build(config, mesh))
+        row["parameters"] = preflight.parameter_count(program_lib.build(config, mesh))
         row.update(preflight.estimate_fields(config, estimate, len(devices), topology.chip))
         rows.append(row)
     return rows

@@ -8,7 +8,7 @@ one-off build time. The pipeline must stay far ahead of training (at least
     python benchmarks/data_throughput.py            # a table
     python benchmarks/data_throughput.py --json     # one JSON object
 
-In the same run it times the trainer's real train step (``scaling.train.build``)
+In the same run it times the trainer's real train step (``scaling.program.build``)
 for an L=4, d=256 model on batches of 16 x 128 from the same pipeline, and
 prints the ratio of pipeline tokens/s to training tokens/s.
 
@@ -81,7 +81,7 @@ def training_tokens_per_second(depth: int = 4, width: int = 256, batch_size: int
     """Tokens/s of the trainer's jitted train step for one (depth, width), after compilation."""
     import jax
 
-    from scaling import mesh as mesh_lib, train
+    from scaling import mesh as mesh_lib, program as program_lib
     from scaling.config import MeshConfig, ModelConfig, TrainConfig
 
     pipeline = data.build(DataConfig(seq_len=seq_len))
@@ -89,16 +89,17 @@ def training_tokens_per_second(depth: int = 4, width: int = 256, batch_size: int
                                            max_seq_len=seq_len), data=DataConfig(seq_len=seq_len),
                          batch_size=batch_size, steps=steps + 2)
     mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
-    program = train.build(config, mesh)
+    program = program_lib.build(config, mesh)
     state = program.init(jax.random.PRNGKey(0))
+    hparams = jax.device_put(program_lib.hyperparameters(config), mesh_lib.replicated(mesh))
     batches = [mesh_lib.global_batch(pipeline.train_batch(0, step, batch_size), mesh, batch_size)
                for step in range(steps + 2)]
     for batch in batches[:2]:  # compile and warm up
-        state, metrics = program.train_step(state, batch)
+        state, metrics = program.train_step(state, batch, hparams)
     jax.block_until_ready(metrics)
     start = time.perf_counter()
     for batch in batches[2:]:
-        state, metrics = program.train_step(state, batch)
+        state, metrics = program.train_step(state, batch, hparams)
     jax.block_until_ready(metrics)
     return steps * batch_size * seq_len / (time.perf_counter() - start)
 

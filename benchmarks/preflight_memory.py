@@ -106,7 +106,7 @@ def fsdp_l2(constrained: bool) -> dict:
     """Compile the L2 fsdp=4 step on v5e:2x2 and report its collectives and memory (bytes per chip)."""
     import jax
 
-    from scaling import mesh as mesh_lib, train
+    from scaling import mesh as mesh_lib, program as program_lib
     from sweeps import preflight, roofline
 
     config = fsdp_l2_config()
@@ -114,8 +114,9 @@ def fsdp_l2(constrained: bool) -> dict:
     mesh = mesh_lib.make_mesh(config.mesh, devices)
     started = time.perf_counter()
     with activation_constraints(constrained):
-        program = train.build(config, mesh)
-        compiled = program.train_step.lower(program.abstract_state, train.batch_spec(config, mesh)).compile()
+        program = program_lib.build(config, mesh)  # once per process: the patch above is part of its trace
+        compiled = program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
+                                            program.abstract_hparams).compile()
     traffic = roofline.collective_traffic(compiled.as_text(), len(devices))
     params = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
                  for leaf in jax.tree_util.tree_leaves(program.abstract_state["params"]))

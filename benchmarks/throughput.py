@@ -3,7 +3,7 @@
 Each config is one (depth L, width d) model trained on random byte tokens:
 sequence 128, batch 16, float32, AdamW with global-norm clipping, head size
 64 (heads = d/64, at least 1), no dropout, no biases in linear layers. Our
-side is exactly ``scaling.train.build(...).train_step``, the jitted, sharded,
+side is exactly ``scaling.program.build(...).train_step``, the jitted, sharded,
 donated step that ``scaling.train.run`` executes, on a one-device mesh, once
 with scanned and once with unrolled layers (``ModelConfig.scan_layers``).
 The headline ``tokens_per_second`` is the layout we recommend for the depth:
@@ -125,19 +125,20 @@ def random_batch(mesh) -> dict:
 
 
 class Ours:
-    """The trainer's own jitted train step (``scaling.train.build``) for one config, on one device."""
+    """The trainer's own jitted train step (``scaling.program.build``) for one config, on one device."""
 
     def __init__(self, depth: int, width: int, **model_changes):
         import jax
 
         from scaling import mesh as mesh_lib
-        from scaling import train
+        from scaling import program as program_lib
         from scaling.config import MeshConfig
 
         self.config = train_config(depth, width, **model_changes)
         mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
-        program = train.build(self.config, mesh)
+        program = program_lib.build(self.config, mesh)
         self.batch = random_batch(mesh)
+        self.hparams = jax.device_put(program_lib.hyperparameters(self.config), mesh_lib.replicated(mesh))
         self.step = program.train_step
         self.state = program.init(jax.random.PRNGKey(0))
         self.run(2)  # compile and warm up
@@ -148,7 +149,7 @@ class Ours:
 
         start = time.perf_counter()
         for _ in range(steps):
-            self.state, metrics = self.step(self.state, self.batch)
+            self.state, metrics = self.step(self.state, self.batch, self.hparams)
         jax.block_until_ready((self.state, metrics))
         if not bool(metrics["finite"]):
             raise RuntimeError("our train step produced a non-finite loss")

@@ -1,38 +1,141 @@
-"""Stopping a run early: preemption (SIGTERM) and a lease taken over by another process.
+"""Stopping a run early: preemption (SIGTERM), Ctrl-C, and a lease taken over by another process.
 
-- ``Preempted``: raised after SIGTERM once a checkpoint of the current step
-  is saved; the process exits with ``PREEMPTED_EXIT_CODE`` so that relaunch
-  loops know the run can resume.
+- ``Stop``: the one object a run asks, between steps, whether to stop. It
+  listens for SIGTERM and SIGINT, watches the run's lease, and with several
+  processes makes them agree (``StopCheck``). One ``Stop`` can serve many
+  runs: the sweep launcher listens with one for the whole sweep and hands it
+  to every run, so a signal is never lost between or at the end of runs.
+- ``Preempted``: raised once a checkpoint of the current step is saved; the
+  process exits with ``PREEMPTED_EXIT_CODE`` so that relaunch loops know the
+  run can resume.
 - ``LeaseLost``: another launcher judged this process dead and took the run
   over; this process stops writing to the run at once.
-- ``StopCheck``: when to look for SIGTERM so that, with several processes,
-  they all stop at the same step without a transfer on every step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 import time
 
 import jax
 import numpy as np
 
+from scaling.checkpoints import WriteAbandoned
+
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the sweep relaunch loop keys on it
 
 
 class Preempted(Exception):
-    """Raised by ``run`` after SIGTERM, once a checkpoint of the current step is saved."""
+    """Raised by ``run`` after SIGTERM or Ctrl-C, once a checkpoint of the current step is saved."""
 
 
 class LeaseLost(Exception):
     """Another process took this run's lease over (it judged this one dead); stop writing to the run."""
 
 
-def check_lease(stop_requested: dict, *, read_now: bool = False) -> None:
-    """``LeaseLost`` if this run's lease was taken over: from the heartbeat's flag every step, and
-    with ``read_now`` from the lease itself (before a checkpoint or the record is written)."""
-    run_lease = stop_requested["lease"]
-    if run_lease is not None and (run_lease.lost or (read_now and not run_lease.still_held())):
-        raise LeaseLost("another process took over this run's lease; stopped without writing to it")
+class Stop:
+    """Whether to stop, asked at step boundaries: a signal, a lost lease, agreed by every process.
+
+    - ``listening()``: while inside, SIGTERM and SIGINT (Ctrl-C) set ``signal``
+      (their name); a second Ctrl-C ends the process at once (status 130),
+      saving nothing more. Nested ``listening`` blocks install the handlers
+      once. Outside the main thread, where Python cannot install handlers,
+      nothing is listened for.
+    - ``watching(lease)``: ``check_lease`` raises ``LeaseLost`` once the
+      lease (``scaling.lease.Lease``, or None) is taken over.
+    - ``agreed(step)``: whether to stop after ``step``, the same answer on
+      every process, with a transfer between them only on check steps
+      (``StopCheck``); ``start(step)`` begins a run segment's schedule.
+    """
+
+    def __init__(self):
+        self.signal: str | None = None  # "SIGTERM" or "SIGINT" once one arrived
+        self.lease = None
+        self._check = StopCheck(0)
+        self._listeners = 0
+
+    @property
+    def requested(self) -> bool:
+        """True once a stop signal arrived (on this process)."""
+        return self.signal is not None
+
+    @contextlib.contextmanager
+    def listening(self):
+        """Listen for SIGTERM and SIGINT while inside (see the class)."""
+        if self._listeners or threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def handler(number, _frame):
+            if number == signal.SIGINT and self.requested:
+                os.write(2, b"interrupted again: exiting now, without waiting for the checkpoint\n")
+                os._exit(130)
+            self.signal = signal.Signals(number).name
+
+        previous = {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)}
+        self._listeners += 1
+        try:
+            yield self
+        finally:
+            self._listeners -= 1
+            for number, old in previous.items():
+                signal.signal(number, old)
+
+    @contextlib.contextmanager
+    def watching(self, lease):
+        """Watch ``lease`` (or nothing, if None) while inside."""
+        self.lease = lease
+        try:
+            yield self
+        finally:
+            self.lease = None
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once the watched lease's heartbeat found it taken over."""
+        return self.lease is not None and self.lease.lost
+
+    def check_lease(self, *, read_now: bool = False) -> None:
+        """``LeaseLost`` if the run's lease was taken over: from the heartbeat's flag (free, every step),
+        and with ``read_now`` from the lease itself (before a checkpoint or the record is written)."""
+        if self.lease is not None and (self.lease.lost or (read_now and not self.lease.still_held())):
+            raise LeaseLost("another process took over this run's lease; stopped without writing to it")
+
+    def start(self, step: int) -> None:
+        """Begin the check schedule of a run segment whose first step is ``step``."""
+        self._check = StopCheck(step)
+
+    def agreed(self, step: int) -> bool:
+        """True, on every process, when any process was asked to stop; with several processes this is
+        answered only on check steps (False between them, with no transfer)."""
+        return self._check.due(step) and self._check.agree(self.requested, step)
+
+    def any_process(self) -> bool:
+        """True on every process if any was asked to stop (one transfer with several processes);
+        for moments every process reaches together, such as the end of a run."""
+        if jax.process_count() == 1:
+            return self.requested
+        from jax.experimental import multihost_utils
+
+        return bool(np.asarray(multihost_utils.process_allgather(np.int32(self.requested))).any())
+
+    def preempted(self, when: str) -> Preempted:
+        """The ``Preempted`` to raise: ``"stopped by SIGTERM <when>"``."""
+        return Preempted(f"stopped by {self.signal or 'SIGTERM'} {when}")
+
+    @contextlib.contextmanager
+    def write_abandoned_means_stop(self):
+        """A checkpoint write given up on because a stop arrived while it hung becomes ``Preempted``."""
+        try:
+            yield
+        except WriteAbandoned as error:
+            if not error.stopped:
+                raise
+            raise self.preempted(f"while waiting for a write that storage did not finish ({error}); resumes "
+                                 "from the previous checkpoint") from None
 
 
 class StopCheck:
@@ -52,9 +155,9 @@ class StopCheck:
     ``reached_preemption`` wraps) would make the check free on every step,
     but its SIGTERM listener (tsl/distributed_runtime/preemption/
     preemption_notifier.cc, a C ``std::signal`` handler) is replaced by the
-    Python SIGTERM handler that ``run`` and the sweep launcher install, so it
-    would never hear the signal; and it wants every call, from the same
-    first step, to be made by every process.
+    Python SIGTERM handler that ``Stop.listening`` installs, so it would
+    never hear the signal; and it wants every call, from the same first
+    step, to be made by every process.
     """
 
     CHECK_SECONDS = 5.0

@@ -1,15 +1,16 @@
-"""Train one model: sharded jit step, evaluation, checkpoints, exact resume.
+"""Train one model: a run's life cycle, and the training loop with its periodic work as hooks.
 
-Read top to bottom (the optimizer is in ``optim.py``):
-1. ``build``: the model, the state's shardings on a mesh, and the jitted
-   init / train / eval functions. The init is jitted with output shardings,
-   so parameters are created already sharded and never whole on one host.
-   ``benchmarks/`` and the TPU preflight compile exactly these functions.
-2. ``run``: the run's life cycle. It takes the run's lease, restores the
-   newest checkpoint that reads back whole (parameters, optimizer, step; the
-   data position and the per-step RNG are pure functions of (seed, step),
-   and the wandb id is in the checkpoint's metadata), trains, evaluates,
-   checkpoints, and writes the run record (``records.py``).
+Read top to bottom (the compiled step is in ``program.py``, the optimizer in
+``optim.py``, stopping in ``stopping.py``):
+1. ``run``: the run's life cycle. It opens the run's resources once each
+   (the lease, the checkpoints, the tracker: metrics file and wandb),
+   restores the newest checkpoint that reads back whole (parameters,
+   optimizer, step; the data position and the per-step RNG are pure
+   functions of (seed, step), and the wandb id is in the checkpoint's
+   metadata), trains, and writes the run record (``records.py``).
+2. ``Training``: the loop. After every step it runs the periodic work as
+   hooks on the step count (``Hook``: log, evaluate, check the lease,
+   checkpoint, check for a stop), then evaluates and checkpoints the last step.
 
 Guarantees:
 - A step whose loss or gradient norm is not finite is not applied, so
@@ -17,12 +18,19 @@ Guarantees:
 - SIGTERM (how TPU preemption arrives) and Ctrl-C (SIGINT) make the loop
   save at the next step boundary, record the run as ``stopped`` and exit
   with ``PREEMPTED_EXIT_CODE``; rerunning resumes there. A second Ctrl-C
-  exits at once. A checkpoint write that storage does not finish within
-  its deadline fails the run with one line (``checkpoints.py``).
+  exits at once. A stop asked for at any moment of a run, its final
+  evaluation included, also stops the sweep launcher that shares its ``Stop``.
+- Damaged checkpoints are passed over (and set aside); the run resumes from
+  the newest that reads back whole, exactly as if it had not been interrupted.
+- A run whose lease another process took over stops without writing to it.
+- With several processes (pod-wide), all agree on the run's state: process
+  0's reading of the record, and one step at which all stop.
+- A checkpoint write that storage does not finish within its deadline fails
+  the run with one line (``checkpoints.py``); any other error records the run
+  as ``failed``, with the traceback in ``error.log``, and is re-raised.
 
-The command line tunes glibc's allocator for XLA:CPU (``tune_cpu_allocator``,
-in ``cpu_allocator.py``) before JAX starts; importing this module changes
-nothing process-wide. Preemption and lost leases: ``stopping.py``.
+The command line tunes glibc's allocator for XLA:CPU (``cpu_allocator.py``)
+before JAX starts; importing this module changes nothing process-wide.
 
 Command line: ``python -m scaling.train --help``.
 """
@@ -32,36 +40,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import json
 import math
 import os
 import runpy
-import signal
 import sys
-import threading
 import time
+from typing import Callable, NamedTuple
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from etils import epath
 
-from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, records, rundir
-from scaling.checkpoints import Checkpoints, WriteAbandoned, exit_now_if_abandoned
-from scaling.cpu_allocator import reuse_freed_memory, tune_cpu_allocator  # noqa: F401 - used by the CLIs
-from scaling.storage import is_remote, write_atomic
-from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, StopCheck, check_lease
-from scaling.optim import learning_rates, make_optimizer, make_schedule  # noqa: F401 - part of the API
+from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, records, rundir
+from scaling.checkpoints import Checkpoints, exit_now_if_abandoned
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
+from scaling.cpu_allocator import tune_cpu_allocator
 from scaling.flops import model_flops_utilization
-from scaling.loss import compute_loss, loss_and_grads
-from scaling.model import Transformer
+from scaling.program import Program, build, evaluate, evaluate_metrics, hyperparameters
+from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
+from scaling.storage import is_remote, write_atomic
 from scaling.track import Tracker, new_wandb_id
-
-
 
 PRESETS = {
     # L=2, d=64 on the built-in corpus: ~300 steps in well under 2 minutes on 2 CPU cores.
@@ -74,105 +73,135 @@ PRESETS = {
 
 
 # ---------------------------------------------------------------------------
-# The sharded program
+# The run's life cycle
+
+
+def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None,
+        stop: Stop | None = None) -> records.RunRecord:
+    """Train ``config`` into the run directory ``workdir`` and return its run record.
+
+    ``workdir`` may be relative (to the current directory) or a URI. Resumes
+    from the newest readable checkpoint in ``workdir/checkpoints``; returns
+    the existing record if the run already finished. ``stop`` is asked between
+    steps (default: a new one, listening while the run lasts); the sweep
+    launcher passes its own, so it hears a signal that arrives at any moment.
+    Raises ``rundir.ConfigMismatch`` if the directory holds another config's
+    run, ``lease.RunBusy`` if another live process is training it,
+    ``Preempted`` after SIGTERM or Ctrl-C (a checkpoint of the current step is
+    saved first) and ``LeaseLost`` if another process took the run over. Any
+    other error is recorded as status ``failed`` (traceback in ``error.log``) and re-raised.
+    """
+    run_dir = rundir.absolute_path(workdir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.check_run_dir(run_dir, config)
+    stop = Stop() if stop is None else stop
+    with contextlib.ExitStack() as resources:
+        run_lease = resources.enter_context(_run_lease(run_dir))
+        finished = _finished_record(run_dir)
+        if finished is not None:
+            return finished
+        # Listen from the start: a preemption while the data loads or the step compiles stops the run too.
+        resources.enter_context(stop.listening())
+        resources.enter_context(stop.watching(run_lease))
+        outcome = resources.enter_context(Outcome(run_dir, _new_record(config, run_dir), stop).recorded())
+        pipeline = data.build(config.data)
+        outcome.record = outcome.record.replace(data_fingerprint=pipeline.fingerprint)
+        config = resolve_config(config, pipeline)
+        started = time.perf_counter()  # wall seconds count compilation and evaluation, not loading the data
+        program = _program_for(config, pipeline, devices)
+        checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state,
+                                  should_stop=lambda: stop.requested)
+        resources.callback(checkpoints.close)
+        start = _restore_or_init(checkpoints, program, config.seed, run_dir.name)
+        tracker = resources.enter_context(_closed_on_error(_open_tracker(config, run_dir, start, show_progress)))
+        training = Training(Parts(config, program, pipeline, checkpoints, tracker, stop), start, started)
+        training.train()
+        record = training.finish(outcome.record)
+        stop.check_lease(read_now=True)
+        tracker.summary({"final_eval_loss": record.final_eval_loss, "status": record.status})
+        tracker.close(exit_code=0 if record.status == "finished" else 1)
+        outcome.write(record)
+        return record
+
+
+@contextlib.contextmanager
+def _run_lease(run_dir: epath.Path):
+    """The run's lease, held while inside. None with several processes: pod-wide jobs agree through the
+    launcher instead, since only process 0 could hold a lease."""
+    if jax.process_count() > 1:
+        yield None
+        return
+    run_lease = lease_lib.Lease(run_dir).acquire()
+    try:
+        yield run_lease
+    finally:
+        if not run_lease.lost:
+            run_lease.release()
+
+
+def _finished_record(run_dir: epath.Path) -> records.RunRecord | None:
+    """The run's record if it already finished (process 0's reading, on every process), else None."""
+    try:
+        previous = records.read_record(run_dir)
+    except records.RecordError as error:
+        print(f"warning: {error}; training the run again (resuming from its checkpoints)", file=sys.stderr)
+        previous = None
+    finished = previous is not None and previous.status == "finished"
+    if jax.process_count() > 1:  # hosts may see the record at different times; process 0's view counts
+        from jax.experimental import multihost_utils
+
+        agreed = bool(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(finished))))
+        if agreed and not finished:
+            raise RuntimeError(f"process 0 reports run {run_dir.name} finished, but this host cannot read "
+                               "its result.json yet")
+        finished = agreed
+    return previous if finished else None
+
+
+def _new_record(config: TrainConfig, run_dir: epath.Path) -> records.RunRecord:
+    """The record of a run about to train (status ``running``); writes its ``config.json``."""
+    if jax.process_index() == 0:
+        write_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2, sort_keys=True))
+    counts = budget.count_params(config.model)
+    return records.RunRecord(
+        run_id=config_id(config), status="running", depth=config.model.depth, width=config.model.width,
+        seed=config.seed, params_non_embedding=budget.non_embedding_params(config.model.depth, config.model.width),
+        name=config.name, sweep=config.sweep_name, point_id=config_id(dataclasses.replace(config, seed=0)),
+        heads=config.model.heads, params_total=counts["total"], params_embedding=counts["embedding"],
+        lr_rule=config.optim.lr_rule, peak_lr=config.optim.peak_lr,
+        peak_lr_hidden=optim_lib.learning_rates(config.optim, config.model)["hidden"],
+        code_version=rundir.code_version(), tokens_per_step=config.batch_size * config.data.seq_len,
+        planned_steps=config.steps)
 
 
 @dataclasses.dataclass
-class Program:
-    """Everything compiled for one config on one mesh."""
+class Outcome:
+    """The run's record as it becomes known (written by process 0 only)."""
 
-    model: Transformer
-    mesh: jax.sharding.Mesh
-    state_shardings: dict
-    abstract_state: dict  # ShapeDtypeStructs carrying their shardings, for restore and AOT compilation
-    init: callable  # rng -> state
-    train_step: callable  # (state, batch) -> (state, metrics)
-    eval_step: callable  # (params, batch, rng) -> (loss_sum, tokens, correct); correct is 0 without label_ids
-    schedules: dict
+    run_dir: epath.Path
+    record: records.RunRecord
+    stop: Stop
 
+    @contextlib.contextmanager
+    def recorded(self):
+        """Record a run that ends by an exception: ``stopped`` (resumable) after ``Preempted``, nothing
+        once the lease is lost (the run is another process's now), else ``failed`` with ``error.log``."""
+        try:
+            yield self
+        except Preempted as stopped:
+            self.write(self.record.replace(status="stopped", error=str(stopped)))
+            raise
+        except BaseException as error:
+            if not (isinstance(error, LeaseLost) or self.stop.lease_lost):
+                log_file = rundir.log_failure(self.run_dir, error) if jax.process_index() == 0 else None
+                self.write(self.record.replace(status="failed", error=rundir.one_line(error), log_file=log_file))
+            raise
 
-def batch_spec(config: TrainConfig, mesh) -> dict:
-    """ShapeDtypeStructs of one global batch (for ahead-of-time compilation)."""
-    sharding = mesh_lib.batch_sharding(mesh)
-    shape = (config.batch_size, config.data.seq_len)
-    return {"inputs": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding),
-            "targets": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding),
-            "weights": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding),
-            "input_mask": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)}
-
-
-def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token_limit: int | None = None,
-          label_ids: tuple[int, int] | None = None) -> Program:
-    """Model, optimizer and jitted, sharded init/train/eval functions for ``config`` on ``mesh``.
-
-    ``mask_id`` turns on on-device BERT masking for the masked objective on
-    LM data (pass the data pipeline's mask token id); leave it None for
-    causal models and for classification tasks. ``label_ids`` (classification
-    tasks: the pipeline's ``LABEL_TOKENS``) reads labels from those two logits only.
-    """
-    mesh_lib.check_batch(mesh, config.batch_size, process_count=1, microbatches=config.microbatches)
-    model = Transformer(config.model)
-    tx, schedules = make_optimizer(config.optim, config.model, config.steps)
-    sample = jnp.zeros((1, config.data.seq_len), jnp.int32)
-
-    def boxed_state(rng):
-        params = model.init(rng, sample)["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-
-    abstract_boxed = jax.eval_shape(boxed_state, jax.random.PRNGKey(0))
-    logical_specs = nn.get_partition_spec(abstract_boxed)
-    abstract = nn.unbox(abstract_boxed)
-    state_shardings = mesh_lib.tree_shardings(logical_specs, abstract, mesh, config.mesh.rules)
-    abstract_state = jax.tree_util.tree_map(
-        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-        abstract, state_shardings)
-    replicated = mesh_lib.replicated(mesh)
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-
-    init = jax.jit(lambda rng: nn.unbox(boxed_state(rng)), out_shardings=state_shardings)
-    base_key = jax.random.PRNGKey(config.seed)
-
-    def train_step(state, batch):
-        rng = jax.random.fold_in(base_key, state["step"])
-        loss, aux, grads = loss_and_grads(model, state["params"], batch, rng=rng, microbatches=config.microbatches,
-                                          deterministic=config.model.dropout == 0.0, mask_id=mask_id,
-                                          random_token_limit=random_token_limit, label_ids=label_ids)
-        grad_norm = optax.global_norm(grads)
-        # A finite loss and gradient norm (which bounds every squared gradient
-        # entry, so Adam's moments stay finite too) decide whether the step is
-        # applied; judging the updated parameters instead would keep a second
-        # copy of them alive. A step that fails keeps the old state: the loop
-        # then stops as diverged, and the state it may checkpoint is the last good one.
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-        new_state = {"step": state["step"] + 1,
-                     "params": jax.tree_util.tree_map(keep, params, state["params"]),
-                     "opt_state": jax.tree_util.tree_map(keep, opt_state, state["opt_state"])}
-        metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
-                   "predicted_tokens": aux["tokens"], "lr": schedules["hidden"](state["step"])}
-        return new_state, metrics
-
-    def eval_step(params, batch, rng):
-        loss, aux = compute_loss(model, params, batch, rng=rng, deterministic=True, mask_id=mask_id,
-                                 random_token_limit=random_token_limit, label_ids=label_ids)
-        return loss * aux["tokens"], aux["tokens"], aux.get("correct", jnp.zeros((), jnp.float32))
-
-    def sharded_activations(step):
-        # The model's activation constraints take effect while the step is traced.
-        @functools.wraps(step)
-        def traced(*args):
-            with mesh_lib.activation_sharding(mesh, config.mesh.rules):
-                return step(*args)
-        return traced
-
-    train_jit = jax.jit(sharded_activations(train_step), in_shardings=(state_shardings, batch_sharding),
-                        out_shardings=(state_shardings, replicated), donate_argnums=0)
-    eval_jit = jax.jit(sharded_activations(eval_step),
-                       in_shardings=(state_shardings["params"], batch_sharding, replicated),
-                       out_shardings=(replicated, replicated, replicated))
-    return Program(model, mesh, state_shardings, abstract_state, init, train_jit, eval_jit, schedules)
+    def write(self, record: records.RunRecord) -> None:
+        """Keep ``record`` and write it as the run's ``result.json``."""
+        self.record = record
+        if jax.process_index() == 0:
+            records.write_record(self.run_dir, record)
 
 
 def resolve_config(config: TrainConfig, pipeline) -> TrainConfig:
@@ -182,294 +211,227 @@ def resolve_config(config: TrainConfig, pipeline) -> TrainConfig:
     return config
 
 
+def _program_for(config: TrainConfig, pipeline, devices) -> Program:
+    """The run's program on its mesh; the mesh and batch are checked first, before anything compiles."""
+    mesh = mesh_lib.make_mesh(config.mesh, devices)
+    mesh_lib.check_batch(mesh, config.batch_size, microbatches=config.microbatches)
+    mask_id = pipeline.mask_id if (config.model.objective == "masked" and pipeline.kind == "lm") else None
+    label_ids = pipeline.LABEL_TOKENS if pipeline.kind == "classification" else None
+    return build(config, mesh, mask_id=mask_id, random_token_limit=pipeline.vocab_size, label_ids=label_ids)
+
+
+class Start(NamedTuple):
+    """Where a run segment starts: the state, the checkpoint's ``meta`` (wandb id, initial eval loss,
+    wall seconds so far), its step, and whether it was restored from a checkpoint."""
+
+    state: dict
+    meta: dict
+    step: int
+    resumed: bool
+
+
+def _restore_or_init(checkpoints: Checkpoints, program: Program, seed: int, name: str) -> Start:
+    """The newest checkpoint that reads back whole (damaged newer ones are reported), else a fresh state."""
+    restored = checkpoints.restore_newest()
+    for line in checkpoints.skipped:
+        print(f"warning: {name}: damaged checkpoint passed over, {line}", file=sys.stderr)
+    if restored is not None:
+        return Start(*restored, resumed=True)
+    meta = {"wandb_id": new_wandb_id(), "initial_eval_loss": None, "wall_seconds": 0.0}
+    return Start(program.init(jax.random.PRNGKey(seed)), meta, 0, resumed=False)
+
+
+def _open_tracker(config: TrainConfig, run_dir: epath.Path, start: Start, show_progress: bool) -> Tracker:
+    # Rows past the restored step were logged by a segment whose later state is lost; they are redone.
+    return Tracker(run_dir, total_steps=config.steps, start_step=start.step, config=to_dict(config),
+                   name=config.name or run_dir.name, group=config.sweep_name, project=config.wandb_project,
+                   mode=config.wandb_mode, wandb_id=start.meta["wandb_id"], is_main_process=jax.process_index() == 0,
+                   show_progress=show_progress, keep_until_step=start.step if start.resumed else None)
+
+
+@contextlib.contextmanager
+def _closed_on_error(tracker: Tracker):
+    """Close ``tracker`` if the block raises (exit code ``PREEMPTED_EXIT_CODE`` after a stop, else 1);
+    after a lost lease without writing what is pending, since the run's files are another's now."""
+    try:
+        yield tracker
+    except BaseException as error:
+        if isinstance(error, LeaseLost):
+            tracker.discard_pending()
+        tracker.close(exit_code=PREEMPTED_EXIT_CODE if isinstance(error, Preempted) else 1)
+        raise
+
+
 # ---------------------------------------------------------------------------
 # The loop
 
 
-def evaluate(program: Program, params, batches: list, batch_size: int) -> float:
-    """Mean loss in nats per predicted token over fixed validation ``batches``."""
-    return evaluate_metrics(program, params, batches, batch_size)["loss"]
+class Parts(NamedTuple):
+    """What a run segment trains with, each opened once by ``run``."""
+
+    config: TrainConfig  # its vocabulary resolved to the pipeline's
+    program: Program
+    pipeline: data.Pipeline
+    checkpoints: Checkpoints
+    tracker: Tracker
+    stop: Stop
 
 
-def evaluate_metrics(program: Program, params, batches: list, batch_size: int) -> dict:
-    """``loss``: mean nats per predicted token; ``accuracy``: fraction of predictions correct
-    (meaningful for classification tasks, whose eval step counts correct labels; 0 otherwise)."""
-    total, count, correct = 0.0, 0.0, 0.0
-    for index, local in enumerate(batches):
-        batch = mesh_lib.global_batch(local, program.mesh, batch_size)
-        # A fixed key per batch: every run masks the validation set identically.
-        loss_sum, tokens, right = program.eval_step(params, batch, jax.random.PRNGKey(10_000 + index))
-        total += float(loss_sum)
-        count += float(tokens)
-        correct += float(right)
-    return {"loss": total / max(count, 1.0), "accuracy": correct / max(count, 1.0)}
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """Work between steps: ``callback(steps done)`` every ``every`` steps (never if 0); after the last
+    step only if ``at_end`` (the end has its own evaluation and checkpoint)."""
+
+    every: int
+    callback: Callable[[int], None]
+    at_end: bool = False
+
+    def due(self, done: int, last: int) -> bool:
+        """Whether to run after ``done`` steps of ``last``."""
+        if done == last:
+            return self.at_end
+        return self.every > 0 and done % self.every == 0
 
 
-def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None) -> records.RunRecord:
-    """Train ``config`` into the run directory ``workdir`` and return its run record.
+class Training:
+    """One run segment: the steps from ``start`` to the last, with ``hooks`` between them; then ``finish``."""
 
-    ``workdir`` may be relative (to the current directory) or a URI. Resumes
-    from the newest readable checkpoint in ``workdir/checkpoints``; returns
-    the existing record if the run already finished. Raises
-    ``rundir.ConfigMismatch`` if the directory holds another config's run,
-    ``lease.RunBusy`` if another live process is training it, ``Preempted``
-    after SIGTERM (a checkpoint of the current step is saved first) and
-    ``LeaseLost`` if another process took the run over. Any other error is
-    recorded as status ``failed`` (traceback in ``error.log``) and re-raised.
-    """
-    run_dir = rundir.absolute_path(workdir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.check_run_dir(run_dir, config)
-    # One process per run: pod-wide jobs (several processes) agree through
-    # the launcher instead, since only process 0 could hold a lease.
-    run_lease = lease_lib.Lease(run_dir) if jax.process_count() == 1 else None
-    if run_lease is not None:
-        run_lease.acquire()
-    try:
-        try:
-            previous = records.read_record(run_dir)
-        except records.RecordError as error:
-            print(f"warning: {error}; training the run again (resuming from its checkpoints)", file=sys.stderr)
-            previous = None
-        finished = previous is not None and previous.status == "finished"
-        if jax.process_count() > 1:  # hosts may see the record at different times; process 0's view counts
-            from jax.experimental import multihost_utils
+    def __init__(self, parts: Parts, start: Start, started: float):
+        self.parts, self.state, self.meta, self.start_step = parts, start.state, start.meta, start.step
+        config, pipeline = parts.config, parts.pipeline
+        self.hparams = jax.device_put(hyperparameters(config), mesh_lib.replicated(parts.program.mesh))
+        self.validation = pipeline.validation_batches(config.batch_size, config.eval_batches, jax.process_index(),
+                                                      jax.process_count())
+        # Classification rows are padded to their split's longest string, not to seq_len.
+        self.row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
+        self.started, self.earlier_seconds = started, float(start.meta.get("wall_seconds", 0.0))
+        self.status, self.eval_loss, self.saved_step = "finished", None, None
+        # A resume at the last step trains nothing: its training loss is the one logged before.
+        self.last_loss = parts.tracker.pending(start.step).get("loss")
+        self.pending: list = []  # (step, metrics still on the device) since the last log
+        self.window_start, self.window_steps = time.perf_counter(), 0  # of the speed measurement
 
-            agreed = bool(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(finished))))
-            if agreed and not finished:
-                raise RuntimeError(f"process 0 reports run {run_dir.name} finished, but this host cannot read "
-                                   "its result.json yet")
-            finished = agreed
-        if finished:
-            return previous
-        # Listen for SIGTERM and Ctrl-C from the start: a preemption during data
-        # loading or compilation must stop the run too, not only one arriving mid-training.
-        stop_requested = {"flag": False, "lease": run_lease}
-        with stop_signals(stop_requested):
-            return _prepare_and_train(config, run_dir, devices, show_progress, stop_requested)
-    finally:
-        if run_lease is not None and not run_lease.lost:
-            run_lease.release()
+    @property
+    def tokens_per_step(self) -> int:
+        return self.parts.config.batch_size * self.row_length
 
+    def hooks(self) -> list[Hook]:
+        """The periodic work, in the order it runs after a step."""
+        config = self.parts.config
+        return [Hook(config.log_every, self.log, at_end=True),
+                Hook(config.checkpoint_every, self.log),  # a checkpoint only ever follows steps found finite
+                Hook(config.eval_every, self.evaluate),
+                Hook(1, self.check_lease, at_end=True),
+                Hook(config.checkpoint_every, self.save),
+                Hook(1, self.check_stop, at_end=True)]
 
-@contextlib.contextmanager
-def stop_signals(stop_requested: dict):
-    """While inside, SIGTERM and SIGINT (Ctrl-C) ask the run to stop: ``stop_requested["flag"]`` is set and
-    ``["signal"]`` names the signal; the loop saves a checkpoint and raises ``Preempted``. A second
-    Ctrl-C exits the process at once (status 130), saving nothing more. Outside the main thread,
-    where Python cannot install handlers, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    def train(self) -> None:
+        """Train from the start step to the last, running the hooks after each step; stop early on divergence."""
+        config, program, stop = self.parts.config, self.parts.program, self.parts.stop
+        if self.meta.get("initial_eval_loss") is None and config.eval_at_start:
+            self.meta["initial_eval_loss"] = self.evaluate(self.start_step)
+        stop.start(self.start_step)
+        if stop.agreed(self.start_step):  # a stop while the data loaded or the step compiled
+            raise stop.preempted(f"before training resumed at step {self.start_step}")
+        hooks, self.window_start = self.hooks(), time.perf_counter()
+        iterator = self.parts.pipeline.train_iterator(config.seed, self.start_step, config.batch_size,
+                                                      jax.process_index(), jax.process_count())
+        with contextlib.closing(iterator):
+            for step, local_batch in iterator:
+                if step >= config.steps:
+                    return
+                batch = mesh_lib.global_batch(local_batch, program.mesh, config.batch_size)
+                self.state, metrics = program.train_step(self.state, batch, self.hparams)
+                self.pending.append((step, metrics))
+                self.window_steps += 1
+                self.parts.tracker.advance()  # the first call comes after compilation, so the ETA excludes it
+                done = step + 1
+                for hook in hooks:
+                    if hook.due(done, config.steps):
+                        hook.callback(done)
+                    if self.status == "diverged":
+                        return
 
-    def handler(number, _frame):
-        name = signal.Signals(number).name
-        if number == signal.SIGINT and stop_requested["flag"]:
-            os.write(2, b"interrupted again: exiting now, without waiting for the checkpoint\n")
-            os._exit(130)
-        stop_requested["flag"], stop_requested["signal"] = True, name
+    def log(self, done: int) -> None:
+        """Fetch the metrics of the steps since the last log and log the newest, or stop as ``diverged``."""
+        if not self.pending:
+            return
+        config, tracker = self.parts.config, self.parts.tracker
+        steps, fetched = [s for s, _ in self.pending], jax.device_get([m for _, m in self.pending])
+        self.pending = []
+        bad = [s for s, m in zip(steps, fetched) if not bool(m["finite"])]
+        if bad:
+            self.status = "diverged"
+            tracker.log(bad[0] + 1, {"loss": None, "diverged": 1.0})
+            return
+        newest = fetched[-1]
+        speed = self.window_steps * self.tokens_per_step / max(time.perf_counter() - self.window_start, 1e-9)
+        self.last_loss = float(newest["loss"])
+        mfu = model_flops_utilization(config.model, self.row_length, speed, config.peak_flops, jax.device_count())
+        tracker.log(done, {"loss": self.last_loss, "grad_norm": float(newest["grad_norm"]),
+                           "lr": float(newest["lr"]), "tokens_per_second": speed, "mfu": mfu,
+                           "tokens": done * self.tokens_per_step})
+        self.window_start, self.window_steps = time.perf_counter(), 0
 
-    previous = {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
+    def evaluate(self, done: int) -> float:
+        """Evaluate the current parameters on the validation set and log the loss at ``done``."""
+        config = self.parts.config
+        self.eval_loss = evaluate(self.parts.program, self.state["params"], self.validation, config.batch_size)
+        self.parts.tracker.log(done, {"eval_loss": self.eval_loss})
+        return self.eval_loss
 
+    def check_lease(self, done: int) -> None:
+        """``LeaseLost`` if the heartbeat found the lease taken over."""
+        self.parts.stop.check_lease()
 
-def _prepare_and_train(config: TrainConfig, run_dir: epath.Path, devices, show_progress: bool,
-                       stop_requested: dict) -> records.RunRecord:
-    main_process = jax.process_index() == 0
-    run_id = config_id(config)  # of the config as given: the same id names the directory
-    counts = budget.count_params(config.model)
-    record = records.RunRecord(
-        run_id=run_id, status="running", depth=config.model.depth, width=config.model.width, seed=config.seed,
-        params_non_embedding=budget.non_embedding_params(config.model.depth, config.model.width),
-        name=config.name, sweep=config.sweep_name, point_id=config_id(dataclasses.replace(config, seed=0)),
-        heads=config.model.heads, params_total=counts["total"], params_embedding=counts["embedding"],
-        lr_rule=config.optim.lr_rule, peak_lr=config.optim.peak_lr,
-        peak_lr_hidden=learning_rates(config.optim, config.model)["hidden"], code_version=rundir.code_version(),
-        tokens_per_step=config.batch_size * config.data.seq_len, planned_steps=config.steps)
-    if main_process:
-        write_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2, sort_keys=True))
-    try:
-        pipeline = data.build(config.data)
-        record = record.replace(data_fingerprint=pipeline.fingerprint)
-        resolved = resolve_config(config, pipeline)
-        mesh = mesh_lib.make_mesh(resolved.mesh, devices)
-        mesh_lib.check_batch(mesh, resolved.batch_size, microbatches=resolved.microbatches)
-        return _train(resolved, run_dir, pipeline, mesh, record, show_progress, stop_requested)
-    except Preempted as stop:
-        if main_process:  # resumable, not failed
-            records.write_record(run_dir, record.replace(status="stopped", error=str(stop)))
-        raise
-    except LeaseLost:
-        raise
-    except BaseException as error:
-        if main_process and not (stop_requested["lease"] is not None and stop_requested["lease"].lost):
-            failed = record.replace(status="failed", error=rundir.one_line(error), log_file=rundir.log_failure(run_dir, error))
-            records.write_record(run_dir, failed)
-        raise
+    def check_stop(self, done: int) -> None:
+        """If every process agrees to stop: save this step, wait for the write, raise ``Preempted``."""
+        stop = self.parts.stop
+        if not stop.agreed(done):
+            return
+        if self.saved_step != done:  # a second save of the same step would fail
+            self.save(done, force=True)
+        with stop.write_abandoned_means_stop():
+            self.parts.checkpoints.finish()
+        raise stop.preempted(f"after step {done}; checkpoint saved")
 
+    def save(self, step: int, force: bool = False) -> None:
+        """Checkpoint the state at ``step`` (after reading the lease and writing the metrics up to it)."""
+        stop = self.parts.stop
+        stop.check_lease(read_now=True)
+        self.parts.tracker.flush(through_step=step)
+        self.meta["wall_seconds"] = self.wall_seconds()
+        with stop.write_abandoned_means_stop():
+            self.parts.checkpoints.save(step, self.state, self.meta, force=force)
+        self.saved_step = step
 
-def _train(config: TrainConfig, run_dir: epath.Path, pipeline, mesh, record: records.RunRecord,
-           show_progress: bool, stop_requested: dict) -> records.RunRecord:
-    started = time.perf_counter()
-    main_process = jax.process_index() == 0
-    mask_id = pipeline.mask_id if (config.model.objective == "masked" and pipeline.kind == "lm") else None
-    label_ids = pipeline.LABEL_TOKENS if pipeline.kind == "classification" else None
-    program = build(config, mesh, mask_id=mask_id, random_token_limit=pipeline.vocab_size, label_ids=label_ids)
-    checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state,
-                              should_stop=lambda: stop_requested["flag"])
-    tracker = None
-    try:
-        restored = checkpoints.restore_newest()
-        for line in checkpoints.skipped:
-            print(f"warning: {run_dir.name}: damaged checkpoint passed over, {line}", file=sys.stderr)
-        if restored is not None:
-            state, meta, start_step = restored
-        else:
-            state, start_step = program.init(jax.random.PRNGKey(config.seed)), 0
-            meta = {"wandb_id": new_wandb_id(), "initial_eval_loss": None, "wall_seconds": 0.0}
-        # Rows past the restored step were logged by a segment whose later state is lost; they are redone.
-        tracker = Tracker(run_dir, total_steps=config.steps, start_step=start_step, config=to_dict(config),
-                          name=config.name or run_dir.name, group=config.sweep_name, project=config.wandb_project,
-                          mode=config.wandb_mode, wandb_id=meta["wandb_id"], is_main_process=main_process,
-                          show_progress=show_progress, keep_until_step=start_step if restored else None)
-        record, state = _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta, start_step,
-                              record, started, stop_requested)
-        checkpoints.finish()
-    except BaseException as error:
-        if tracker is not None:
-            if isinstance(error, LeaseLost):
-                tracker.discard_pending()  # the run's files belong to the new holder now
-            tracker.close(exit_code=1)
-        raise
-    finally:
-        checkpoints.close()
-    try:
-        check_lease(stop_requested, read_now=True)
-    except LeaseLost:
-        tracker.discard_pending()
-        tracker.close(exit_code=1)
-        raise
-    tracker.summary({"final_eval_loss": record.final_eval_loss, "status": record.status})
-    tracker.close(exit_code=0 if record.status == "finished" else 1)
-    if main_process:
-        records.write_record(run_dir, record)
-    return record
+    def wall_seconds(self) -> float:
+        """Seconds of wall clock of every segment so far, this one included."""
+        return self.earlier_seconds + time.perf_counter() - self.started
 
-
-@contextlib.contextmanager
-def stop_if_abandoned(stop_requested: dict):
-    """A checkpoint write given up on because a stop arrived while it hung becomes ``Preempted``."""
-    try:
-        yield
-    except WriteAbandoned as error:
-        if not error.stopped:
-            raise
-        raise Preempted(f"stopped by {stop_requested.get('signal', 'SIGTERM')} while waiting for a write that "
-                        f"storage did not finish ({error}); resumes from the previous checkpoint") from None
-
-
-def _loop(config, run_dir, pipeline, program, checkpoints, tracker, state, meta, start_step, record, started,
-          stop_requested):
-    """Train from ``start_step`` to the end; returns the final record and state."""
-    mesh = program.mesh
-    validation = pipeline.validation_batches(config.batch_size, config.eval_batches, jax.process_index(),
-                                             jax.process_count())
-    if meta.get("initial_eval_loss") is None and config.eval_at_start:
-        meta["initial_eval_loss"] = evaluate(program, state["params"], validation, config.batch_size)
-        tracker.log(start_step, {"eval_loss": meta["initial_eval_loss"]})
-    earlier_seconds = float(meta.get("wall_seconds", 0.0))
-
-    def save(step, force=False):
-        check_lease(stop_requested, read_now=True)
-        tracker.flush(through_step=step)
-        meta["wall_seconds"] = earlier_seconds + time.perf_counter() - started
-        with stop_if_abandoned(stop_requested):
-            checkpoints.save(step, state, meta, force=force)
-
-    stop_check = StopCheck(start_step)
-    if stop_check.agree(stop_requested["flag"], start_step):  # SIGTERM while loading or compiling
-        tracker.close(exit_code=PREEMPTED_EXIT_CODE)
-        raise Preempted(f"stopped by {stop_requested.get('signal', 'SIGTERM')} before training resumed at step "
-                        f"{start_step}")
-
-    # Classification rows are padded to their split's longest string, not to seq_len.
-    row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
-    tokens_per_step = config.batch_size * row_length
-    # A resume at the last step trains nothing: its training loss is the one logged before.
-    pending, status, last_loss, eval_loss = [], "finished", tracker.pending(start_step).get("loss"), None
-    window_start, window_steps = time.perf_counter(), 0
-    iterator = pipeline.train_iterator(config.seed, start_step, config.batch_size, jax.process_index(),
-                                       jax.process_count())
-    try:
-        for step, local_batch in iterator:
-            if step >= config.steps:
-                break
-            state, metrics = program.train_step(state, mesh_lib.global_batch(local_batch, mesh, config.batch_size))
-            pending.append((step, metrics))
-            window_steps += 1
-            tracker.advance()  # the first call comes after compilation, so the ETA excludes it
-            done = step + 1
-            boundary = done % config.log_every == 0 or done % config.checkpoint_every == 0 or done == config.steps
-            if boundary:
-                fetched = jax.device_get([m for _, m in pending])
-                if not all(bool(m["finite"]) for m in fetched):
-                    status = "diverged"
-                    bad = next(s for (s, _), m in zip(pending, fetched) if not bool(m["finite"]))
-                    tracker.log(bad + 1, {"loss": None, "diverged": 1.0})
-                    break
-                elapsed = time.perf_counter() - window_start
-                speed = window_steps * tokens_per_step / max(elapsed, 1e-9)
-                last_loss = float(fetched[-1]["loss"])
-                tracker.log(done, {"loss": last_loss, "grad_norm": float(fetched[-1]["grad_norm"]),
-                                   "lr": float(fetched[-1]["lr"]), "tokens_per_second": speed,
-                                   "mfu": model_flops_utilization(config.model, row_length, speed, config.peak_flops,
-                                                                  jax.device_count()),
-                                   "tokens": done * tokens_per_step})
-                pending, window_start, window_steps = [], time.perf_counter(), 0
-            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-                eval_loss = evaluate(program, state["params"], validation, config.batch_size)
-                tracker.log(done, {"eval_loss": eval_loss})
-            check_lease(stop_requested)
-            saved = done % config.checkpoint_every == 0 and done != config.steps
-            if saved:
-                save(done)
-            if stop_check.due(done) and stop_check.agree(stop_requested["flag"], done):
-                if not saved:  # a second save of the same step would fail
-                    save(done, force=True)
-                with stop_if_abandoned(stop_requested):
-                    checkpoints.finish()
-                tracker.close(exit_code=PREEMPTED_EXIT_CODE)
-                raise Preempted(f"stopped by {stop_requested.get('signal', 'SIGTERM')} after step {done}; "
-                                "checkpoint saved")
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-
-    steps_done = int(jax.device_get(state["step"]))
-    accuracy = {}
-    if status == "finished":
-        final = evaluate_metrics(program, state["params"], validation, config.batch_size)
-        eval_loss = final["loss"]
-        if pipeline.kind == "classification":  # the label's cross-entropy in bits, and accuracy
-            accuracy = {"final_eval_accuracy": final["accuracy"], "final_eval_bits": eval_loss / math.log(2)}
-        tracker.log(steps_done, {"eval_loss": eval_loss, **{k[len("final_"):]: v for k, v in accuracy.items()}})
-        check_lease(stop_requested)
-        if steps_done not in checkpoints.steps():
-            save(steps_done, force=True)
-    if status == "finished" and (eval_loss is None or not math.isfinite(eval_loss)):
-        status = "diverged"
-    record = record.replace(
-        status=status, final_eval_loss=eval_loss if status == "finished" else None,
-        initial_eval_loss=meta["initial_eval_loss"], final_train_loss=last_loss, steps=steps_done,
-        tokens=steps_done * tokens_per_step, tokens_per_step=tokens_per_step,
-        wall_seconds=earlier_seconds + time.perf_counter() - started,
-        wandb_id=tracker.wandb_id, **(accuracy if status == "finished" else {}))
-    return record, state
+    def finish(self, record: records.RunRecord) -> records.RunRecord:
+        """Unless diverged, evaluate and checkpoint the last step; wait for the writes; the final record."""
+        config, pipeline, tracker = self.parts.config, self.parts.pipeline, self.parts.tracker
+        steps_done = int(jax.device_get(self.state["step"]))
+        accuracy = {}
+        if self.status == "finished":
+            final = evaluate_metrics(self.parts.program, self.state["params"], self.validation, config.batch_size)
+            self.eval_loss = final["loss"]
+            if pipeline.kind == "classification":  # the label's cross-entropy in bits, and accuracy
+                accuracy = {"final_eval_accuracy": final["accuracy"], "final_eval_bits": final["loss"] / math.log(2)}
+            tracker.log(steps_done, {"eval_loss": self.eval_loss,
+                                     **{key[len("final_"):]: value for key, value in accuracy.items()}})
+            self.parts.stop.check_lease()
+            if steps_done not in self.parts.checkpoints.steps():
+                self.save(steps_done, force=True)
+            if not math.isfinite(self.eval_loss):
+                self.status, accuracy = "diverged", {}
+        self.parts.checkpoints.finish()
+        return record.replace(
+            status=self.status, final_eval_loss=self.eval_loss if self.status == "finished" else None,
+            initial_eval_loss=self.meta["initial_eval_loss"], final_train_loss=self.last_loss, steps=steps_done,
+            tokens=steps_done * self.tokens_per_step, tokens_per_step=self.tokens_per_step,
+            wall_seconds=self.wall_seconds(), wandb_id=tracker.wandb_id, **accuracy)
 
 
 # ---------------------------------------------------------------------------

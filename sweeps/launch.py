@@ -19,12 +19,16 @@ pending, resumable and failed runs, cheapest first, and skips finished and
 diverged ones (a diverged run would diverge again). A failed or diverged run
 is recorded and the sweep goes on; the summary at the end gives counts, the
 results table and what the analysis can say so far. Exit status: 0, or 1 if
-a run of this share failed, or 75 (``scaling.train.PREEMPTED_EXIT_CODE``)
-after SIGTERM, with a checkpoint saved; rerunning the same command resumes.
+a run of this share failed, or 75 (``scaling.stopping.PREEMPTED_EXIT_CODE``)
+after SIGTERM or Ctrl-C, with a checkpoint saved; rerunning the same command
+resumes. A signal stops the sweep whenever it arrives: mid-run at the next
+step, at the end of a run (its final evaluation) or between runs before the
+next one starts (the launcher and its runs share one ``scaling.stopping.Stop``).
 
 Runs train in this process, one after another, through
-``scaling.train.run``. In-process keeps start-up cheap and lets pod-wide mode
-start ``jax.distributed`` once for the whole sweep. The price: a hard crash
+``scaling.train.run``. In-process keeps start-up cheap, lets the runs of one
+shape (seeds, learning rates) share one compiled step (``scaling.program``),
+and lets pod-wide mode start ``jax.distributed`` once for the whole sweep. The price: a hard crash
 of the process (host out of memory, a segfault) stops the sweep; rerunning
 resumes from the crashed run's last checkpoint.
 
@@ -53,11 +57,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import fnmatch
 import json
 import os
 import re
-import signal
 import sys
 
 from scaling import cli
@@ -220,14 +224,15 @@ def cmd_run(sweep: Sweep, args) -> int:
     share = plan.shard if plan.mode == "host-parallel" else None
     mine, which = _my_runs(runs, share, args)
 
-    from scaling import train
+    from scaling.cpu_allocator import tune_cpu_allocator
 
-    train.tune_cpu_allocator()  # before JAX starts its CPU backend
+    tune_cpu_allocator()  # before JAX starts its CPU backend
     import jax
     from etils import epath
     from tqdm.auto import tqdm
 
-    from scaling import checkpoints, lease, progress, rundir
+    from scaling import checkpoints, lease, progress, rundir, train
+    from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
 
     main_process = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
@@ -252,14 +257,15 @@ def cmd_run(sweep: Sweep, args) -> int:
         if state.status == "unreadable":
             say(f"{state.spec.name}: {state.record['error']}; it will be trained again")
 
-    stop = {"requested": False}
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
+    # One Stop for the whole sweep, handed to every run: a signal that arrives while a run finishes
+    # (its final evaluation, its record) or between runs still stops the sweep before the next run.
+    stop = Stop()
     show_progress = main_process and not args.no_progress
     # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
     bar = progress.bar(total=len(todo), desc=f"sweep {sweep.name}", unit="run", interval=0, dynamic_ncols=True,
                        file=sys.stderr, shown=show_progress)
     busy, not_trained = [], []  # not_trained: failed before the trainer could write a record
-    try:
+    with stop.listening(), contextlib.closing(bar):
         for state in todo:
             run, run_dir = state.spec, state.spec.run_dir(args.workdir)
             # Finished by another launcher since we looked? (Pod-wide, process 0's list is what counts.)
@@ -268,14 +274,14 @@ def cmd_run(sweep: Sweep, args) -> int:
                 bar.update(1)
                 continue
             try:
-                result = train.run(run.config, run_dir, show_progress=show_progress)
-            except train.Preempted as stopped:
+                result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop)
+            except Preempted as stopped:
                 say(f"{run.name}: {stopped}; rerun the same command to resume")
-                return train.PREEMPTED_EXIT_CODE
+                return PREEMPTED_EXIT_CODE
             except lease.RunBusy as error:
                 busy.append(run.name)
                 say(f"{run.name}: skipped, another launcher holds it: {error}")
-            except train.LeaseLost as error:
+            except LeaseLost as error:
                 busy.append(run.name)
                 say(f"{run.name}: stopped: {error}")
             except rundir.ConfigMismatch as error:
@@ -293,12 +299,10 @@ def cmd_run(sweep: Sweep, args) -> int:
                 say(f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
                     f"{result.steps} steps in {fmt(result.wall_seconds, '.0f')} s")
             bar.update(1)
-            if _any_process(stop["requested"]):  # all stop together, or the others would wait in the next run
-                say(f"stopping after {run.name}: SIGTERM received; rerun the same command to resume")
-                return train.PREEMPTED_EXIT_CODE
-    finally:
-        bar.close()
-        signal.signal(signal.SIGTERM, previous_handler)
+            if stop.any_process():  # all stop together, or the others would wait in the next run
+                say(f"stopping after {run.name}: {stop.signal or 'SIGTERM'} received; rerun the same command "
+                    "to resume")
+                return PREEMPTED_EXIT_CODE
 
     all_states = read_states(runs, args.workdir)
     mine_now = [s for s in all_states if s.spec.run_id in {r.run_id for r in mine}]
@@ -313,18 +317,6 @@ def cmd_run(sweep: Sweep, args) -> int:
         if todo and (args.pod_wide or first_share):
             _log_sweep_to_wandb(sweep, all_states, sweep_dir)
     return 1 if not_trained or any(s.status == "failed" for s in mine_now) else 0
-
-
-def _any_process(flag: bool) -> bool:
-    """True on every process if ``flag`` is true on any (one allgather per call when there are several)."""
-    import jax
-
-    if jax.process_count() == 1:
-        return flag
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:

@@ -6,11 +6,12 @@ Needs the TPU compiler: ``pip install -e ".[tpu]"`` (libtpu). No TPU is
 needed: libtpu describes any slice (``v5e:2x2``, ``v5e:16x16``, ``v4:2x2x4``,
 ``v5p:2x2x2``, ``v6e:4x4``, ...) as compile-only devices, and for each run we
 build its mesh on them and compile exactly the sharded train step the trainer
-runs (``scaling.train.build``). Nothing is allocated and no data is read; the
+runs (``scaling.program.build``). Nothing is allocated and no data is read; the
 model's vocabulary is ``config.model.vocab_size`` as given. The mesh is the
 one the run will get: on a multi-host slice, one host's 2x2 chips (the
 launcher's default, host-parallel), the whole slice with ``--pod-wide``.
-Runs that differ only in seed compile once.
+Runs of one program shape (``scaling.program.ProgramShape``: seeds and
+learning rates are arguments of the step, not part of it) compile once.
 
 What is reported per run, and where each number comes from:
 - ``hbm_bytes_per_device``: ``memory_analysis()`` of the compiled step,
@@ -60,9 +61,9 @@ import time
 import jax
 import numpy as np
 
-from scaling import budget, mesh as mesh_lib, train
+from scaling import budget, mesh as mesh_lib, program as program_lib
 from scaling.rundir import one_line
-from scaling.config import CLASSIFICATION_SOURCES, TrainConfig, to_dict
+from scaling.config import CLASSIFICATION_SOURCES, TrainConfig
 from scaling.flops import model_flops_utilization
 from sweeps import kernels, roofline
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
@@ -191,8 +192,13 @@ def _is_out_of_memory(error: Exception) -> bool:
 
 
 def _compile(config: TrainConfig, mesh):
-    program = train.build(config, mesh, **_masking(config))
-    return program.train_step.lower(program.abstract_state, train.batch_spec(config, mesh)).compile()
+    program = program_lib.build(config, mesh, **_masking(config))
+    return _lower(program, config, mesh).compile()
+
+
+def _lower(program: program_lib.Program, config: TrainConfig, mesh):
+    return program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
+                                    program.abstract_hparams)
 
 
 def _masking(config: TrainConfig) -> dict:
@@ -238,18 +244,18 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         mesh = mesh_lib.make_mesh(config.mesh, devices)
         hosts = len({device.process_index for device in devices})
         mesh_lib.check_batch(mesh, config.batch_size, process_count=hosts)
-        program = train.build(config, mesh, **_masking(config))
+        program = program_lib.build(config, mesh, **_masking(config))
     except Exception as error:  # noqa: BLE001 - e.g. a mesh or batch the slice cannot take: a FAIL row
         row["error"] = one_line(error)
         return row
-    batch = train.batch_spec(config, mesh)
+    batch = program_lib.batch_spec(config, mesh)
     row["parameters"] = parameter_count(program)
     state_per_chip = _shard_bytes(program.abstract_state) + _shard_bytes(batch)
     state_total = _full_bytes(program.abstract_state) + _full_bytes(batch)
 
     started = time.perf_counter()
     try:
-        compiled = program.train_step.lower(program.abstract_state, batch).compile()
+        compiled = _lower(program, config, mesh).compile()
     except Exception as error:  # noqa: BLE001 - a run that cannot compile is a FAIL row, not a crash
         row["compile_seconds"] = round(time.perf_counter() - started, 2)
         text = str(error).strip()
@@ -324,11 +330,9 @@ def checked_topology(topology: Topology, pod_wide: bool = False) -> Topology:
     return topology if pod_wide or topology.hosts == 1 else topology.one_host()
 
 
-def _seedless(config: TrainConfig) -> str:
-    # Runs that differ only in seed (and so in name) compile to the same program.
-    fields = to_dict(config)
-    fields.update(seed=0, name="")
-    return json.dumps(fields, sort_keys=True)
+def _program_key(config: TrainConfig) -> tuple:
+    # Runs with the same program shape on the same mesh compile to the same program.
+    return program_lib.ProgramShape.of(config, **_masking(config)), config.mesh
 
 
 def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, jobs: int = 1,
@@ -336,7 +340,7 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
     """Preflight ``runs`` (pairs of name and TrainConfig) for the slice ``topology_name``; one row per run.
 
     Each run is compiled for the mesh it will train on (``checked_topology``);
-    runs that differ only in seed are compiled once and share the row. With
+    runs of one program (differing in seed or learning rate, say) are compiled once and share the row. With
     ``jobs`` > 1 the distinct programs are compiled in that many processes.
     """
     if not os.environ.get("JAX_PLATFORMS"):
@@ -346,10 +350,10 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
     topology = checked_topology(slice_topology, pod_wide)
     where = f"{topology.name} ({topology.chips} chips" + (
         f", one host of {slice_topology.name})" if topology != slice_topology else ")")
-    first: dict[str, tuple[str, TrainConfig]] = {}
+    first: dict[tuple, tuple[str, TrainConfig]] = {}
     for name, config in runs:
-        first.setdefault(_seedless(config), (name, config))
-    done: dict[str, dict] = {}
+        first.setdefault(_program_key(config), (name, config))
+    done: dict[tuple, dict] = {}
     if jobs > 1 and len(first) > 1:
         done = _check_in_processes(first, topology.name, jobs, remat_search, progress, where)
     else:
@@ -360,7 +364,7 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
             done[key] = check_run(name, config, topology, devices, remat_search)
     rows = []
     for name, config in runs:
-        row = done[_seedless(config)]
+        row = done[_program_key(config)]
         rows.append(row if row["name"] == name else dict(row, name=name, same_program_as=row["name"]))
     return rows
 

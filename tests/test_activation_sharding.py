@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec
 
-from scaling import mesh as mesh_lib, train
+from scaling import mesh as mesh_lib, program as program_lib
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
 from scaling.model import RESIDUAL
 from sweeps import roofline
@@ -28,9 +28,13 @@ def fsdp_config(**mesh) -> TrainConfig:
 
 @contextlib.contextmanager
 def constraints_off(monkeypatch):
-    with monkeypatch.context() as patch:
-        patch.setattr(mesh_lib, "activation_sharding", lambda mesh, rules: contextlib.nullcontext())
-        yield
+    program_lib.forget_programs()  # programs built with the constraints would be reused otherwise
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(mesh_lib, "activation_sharding", lambda mesh, rules: contextlib.nullcontext())
+            yield
+    finally:
+        program_lib.forget_programs()
 
 
 def test_constrain_maps_logical_names_through_the_rules(eight_devices):
@@ -56,8 +60,9 @@ def test_constraints_leave_a_one_device_program_unchanged(eight_devices, monkeyp
     mesh = mesh_lib.make_mesh(config.mesh, eight_devices[:1])
 
     def lowered():
-        program = train.build(config, mesh)
-        return program.train_step.lower(program.abstract_state, train.batch_spec(config, mesh)).as_text()
+        program = program_lib.build(config, mesh)
+        return program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
+                                        program.abstract_hparams).as_text()
 
     with_rules = lowered()
     with constraints_off(monkeypatch):
@@ -65,8 +70,9 @@ def test_constraints_leave_a_one_device_program_unchanged(eight_devices, monkeyp
 
 
 def _traffic(config, mesh):
-    program = train.build(config, mesh)
-    compiled = program.train_step.lower(program.abstract_state, train.batch_spec(config, mesh)).compile()
+    program = program_lib.build(config, mesh)
+    compiled = program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
+                                        program.abstract_hparams).compile()
     return roofline.collective_traffic(compiled.as_text(), mesh.devices.size)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from scaling import mesh as mesh_lib
-from scaling import records, train
+from scaling import records, stopping
 from scaling.config import MeshConfig
 from sweeps import spec
 
@@ -45,7 +45,7 @@ def sweep():
 DRIVER = textwrap.dedent('''
     import json, os, sys
     from jax.experimental import multihost_utils
-    from scaling import train
+    from scaling import stopping, train
     from sweeps import launch
 
     report = {"trained": [], "loop_transfers": [], "checked_steps": []}
@@ -55,7 +55,7 @@ DRIVER = textwrap.dedent('''
         """(step, "file:function" of the caller) when called from inside the training loop, else None."""
         frame = caller = sys._getframe(2)
         while frame is not None:
-            if frame.f_code.co_name == "_loop":
+            if frame.f_code.co_qualname == "Training.train":
                 where = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_code.co_name}"
                 return [frame.f_locals.get("done"), where]
             frame = frame.f_back
@@ -74,7 +74,7 @@ DRIVER = textwrap.dedent('''
         return real_broadcast(value, *args, **kwargs)
 
     multihost_utils.process_allgather, multihost_utils.broadcast_one_to_all = allgather, broadcast
-    real_agree, real_run = train.StopCheck.agree, train.run
+    real_agree, real_run = stopping.StopCheck.agree, train.run
 
     def agree(self, flag, step):
         report["checked_steps"].append(step)
@@ -85,7 +85,7 @@ DRIVER = textwrap.dedent('''
         report["trained"].append([config.name, result.status, result.steps, result.final_eval_loss])
         return result
 
-    train.StopCheck.agree, train.run = agree, run
+    stopping.StopCheck.agree, train.run = agree, run
     code = launch.main(sys.argv[1:])
     with open(os.environ["POD_TEST_REPORT"], "w") as handle:
         json.dump({"exit": code, **report}, handle)
@@ -200,7 +200,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
         time.sleep(0.2)
     processes[1].send_signal(signal.SIGTERM)  # only process 1 hears it, as when one host is preempted
     outputs = finish(processes, timeout=300)
-    assert [p.returncode for p in processes] == [train.PREEMPTED_EXIT_CODE] * 2, outputs[0][-2000:] + outputs[1][-2000:]
+    assert [p.returncode for p in processes] == [stopping.PREEMPTED_EXIT_CODE] * 2, outputs[0][-2000:] + outputs[1][-2000:]
     reports = [json.loads((tmp_path / f"report{i}.json").read_text()) for i in range(2)]
     assert reports[0]["checked_steps"] == reports[1]["checked_steps"]  # the same check steps on both
     stopped_at = reports[0]["checked_steps"][-1]
@@ -229,10 +229,10 @@ def test_stop_check_transfers_only_on_agreed_steps(monkeypatch):
 
     from jax.experimental import multihost_utils
 
-    monkeypatch.setattr(train.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(stopping.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
-    monkeypatch.setattr(train.time, "perf_counter", clock)
-    check = train.StopCheck(start_step=0)
+    monkeypatch.setattr(stopping.time, "perf_counter", clock)
+    check = stopping.StopCheck(start_step=0)
     assert not check.agree(False, 0)  # before the loop: the first check, nothing measured yet
     checked = []
     for done in range(1, 2001):
@@ -250,13 +250,13 @@ def test_stop_check_transfers_only_on_agreed_steps(monkeypatch):
 def test_stop_check_agrees_when_any_process_saw_sigterm(monkeypatch):
     from jax.experimental import multihost_utils
 
-    monkeypatch.setattr(train.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(stopping.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "process_allgather",
                         lambda value: np.stack([value, np.array([1, 3], np.int32)]))  # the other host: SIGTERM
-    check = train.StopCheck(start_step=10)
+    check = stopping.StopCheck(start_step=10)
     assert check.agree(False, 10) and check.next_step == 11  # the smallest proposal wins
-    monkeypatch.setattr(train.jax, "process_count", lambda: 1)
-    assert train.StopCheck(0).due(5) and train.StopCheck(0).agree(True, 5)  # one process: the local flag
+    monkeypatch.setattr(stopping.jax, "process_count", lambda: 1)
+    assert stopping.StopCheck(0).due(5) and stopping.StopCheck(0).agree(True, 5)  # one process: the local flag
 
 
 def test_make_mesh_fails_loudly_when_the_topology_does_not_fit(monkeypatch):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling import lease, records, train
+from scaling import lease, records, stopping, train
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,7 +228,7 @@ def test_a_holder_that_cannot_renew_gives_up_before_it_could_be_taken_over(tmp_p
 
 def test_a_trainer_whose_lease_was_taken_over_stops_without_writing(tmp_path, monkeypatch):
     monkeypatch.setattr(lease.Lease, "still_held", lambda self: False)  # as if a successor took it
-    with pytest.raises(train.LeaseLost):
+    with pytest.raises(stopping.LeaseLost):
         train.run(tiny(), tmp_path / "run", show_progress=False)
     assert not (tmp_path / "run" / "result.json").exists()
     assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name[0].isdigit()]

@@ -216,6 +216,7 @@ def test_diverging_run_is_recorded_and_the_others_finish(tmp_path, capsys):
 def test_failures_are_recorded_and_preemption_stops_the_sweep(tmp_path, capsys, monkeypatch):
     # The control flow around train.run, with a stand-in trainer (real training is covered above).
     from scaling import train
+    from scaling.stopping import PREEMPTED_EXIT_CODE, Preempted
 
     sweep_file = write_sweep(tmp_path, "flow", "depths=(1,), widths={1: (16, 32, 48)}")
     workdir = tmp_path / "runs"
@@ -223,21 +224,21 @@ def test_failures_are_recorded_and_preemption_stops_the_sweep(tmp_path, capsys, 
 
     by_name = {run.name: run for run in spec.load_sweep(sweep_file).expand().runs}
 
-    def fake_run(config, run_dir, show_progress=True, devices=None):
+    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None):
         calls.append(config.name)
         if config.model.width == 16:  # the trainer records the failure, then re-raises
             write_record(by_name[config.name], workdir, status="failed",
                          error="RuntimeError: RESOURCE_EXHAUSTED: out of memory")
             raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nallocation details")
         if config.model.width == 32 and behaviour == "preempt":
-            raise train.Preempted("stopped by SIGTERM after step 5; checkpoint saved")
+            raise Preempted("stopped by SIGTERM after step 5; checkpoint saved")
         if config.model.width == 32 and behaviour == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while no trainer handler is installed
         return write_record(by_name[config.name], workdir, loss=4.0, steps=12)
 
     monkeypatch.setattr(train, "run", fake_run)
     behaviour = "preempt"
-    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == train.PREEMPTED_EXIT_CODE
+    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == PREEMPTED_EXIT_CODE
     assert calls == ["L1-d16-s0", "L1-d32-s0"]  # cheapest first; the sweep stopped at the preemption
     out = capsys.readouterr().out
     assert "L1-d16-s0: failed: RuntimeError: RESOURCE_EXHAUSTED: out of memory (run directory" in out
@@ -247,7 +248,7 @@ def test_failures_are_recorded_and_preemption_stops_the_sweep(tmp_path, capsys, 
 
     calls.clear()
     behaviour = "sigterm"
-    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == train.PREEMPTED_EXIT_CODE
+    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == PREEMPTED_EXIT_CODE
     assert calls == ["L1-d16-s0", "L1-d32-s0"]  # the failed run is retried; stop after the run in hand
     assert "stopping after L1-d32-s0: SIGTERM received" in capsys.readouterr().out
 
@@ -453,7 +454,7 @@ def test_no_progress_reaches_the_trainer(tmp_path, capsys, monkeypatch, flags, s
     sweep_file = write_sweep(tmp_path, "quiet", "depths=(1,), widths={1: (16,)}")
     seen = []
 
-    def fake_run(config, run_dir, show_progress=True, devices=None):
+    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None):
         seen.append(show_progress)
         raise RuntimeError("not trained in this test")
 

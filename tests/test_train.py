@@ -17,8 +17,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from scaling import records, train
+from scaling import data, mesh as mesh_lib, program as program_lib, records, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
+from scaling.stopping import PREEMPTED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,8 +81,8 @@ def test_one_device_and_eight_device_mesh_give_the_same_losses(tmp_path, eight_d
 
 def test_params_are_created_sharded(eight_devices):
     config = small_config(mesh=MeshConfig(data=2, fsdp=2, tensor=2))
-    mesh = train.mesh_lib.make_mesh(config.mesh, eight_devices)
-    program = train.build(config, mesh)
+    mesh = mesh_lib.make_mesh(config.mesh, eight_devices)
+    program = program_lib.build(config, mesh)
     state = program.init(jax.random.PRNGKey(0))
     kernel = state["params"]["layers"]["mlp"]["wi"]["kernel"]  # [layers, embed, mlp]
     assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
@@ -170,7 +171,7 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=60)[0]
     assert time.time() - sent < 30
-    assert proc.returncode == train.PREEMPTED_EXIT_CODE, out
+    assert proc.returncode == PREEMPTED_EXIT_CODE, out
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert len(saved) == 1 and 0 < saved[0] < 400
     wandb_id_before = _wandb_run_ids(workdir)
@@ -194,7 +195,7 @@ def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
     _wait_for(lambda: (workdir / "metrics.jsonl").exists() and len(losses(workdir)) >= 2, 240, proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == train.PREEMPTED_EXIT_CODE, err[-3000:]
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     [line] = [line for line in err.splitlines() if "stopped by" in line]
     assert line.startswith("stopped by SIGINT after step ") and line.endswith("checkpoint saved")
@@ -207,12 +208,12 @@ def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
     # back reach Python's handler as one, so they are sent from inside, a moment apart.)
     code = textwrap.dedent("""
         import os, signal, time
-        from scaling import train
-        stop = {"flag": False, "lease": None}
-        with train.stop_signals(stop):
+        from scaling.stopping import Stop
+        stop = Stop()
+        with stop.listening():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.5)
-            print("asked to stop:", stop["flag"], stop["signal"], flush=True)
+            print("asked to stop:", stop.requested, stop.signal, flush=True)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)
             print("still running", flush=True)
@@ -323,12 +324,13 @@ def test_learning_rate_rules_set_per_group_step_sizes(rule, hidden, other, eight
     config = small_config(model=ModelConfig(depth=2, width=64, head_dim=16, max_seq_len=64),
                           optim=OptimConfig(peak_lr=1e-2, lr_rule=rule, base_width=16, warmup_steps=0,
                                             schedule="constant", weight_decay=0.0, grad_clip=0.0))
-    mesh = train.mesh_lib.make_mesh(config.mesh, eight_devices[:1])
-    program = train.build(config, mesh)
+    mesh = mesh_lib.make_mesh(config.mesh, eight_devices[:1])
+    program = program_lib.build(config, mesh)
     state = program.init(jax.random.PRNGKey(0))
     before = jax.tree_util.tree_map(np.asarray, state["params"])
-    batch = {key: np.asarray(value) for key, value in train.data.build(config.data).train_batch(0, 0, 8).items()}
-    state, metrics = program.train_step(state, train.mesh_lib.global_batch(batch, mesh, 8))
+    batch = {key: np.asarray(value) for key, value in data.build(config.data).train_batch(0, 0, 8).items()}
+    state, metrics = program.train_step(state, mesh_lib.global_batch(batch, mesh, 8),
+                                        program_lib.hyperparameters(config))
     after = state["params"]
 
     def step_size(path):

@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scaling import data, mesh as mesh_lib, train
+from scaling import data, mesh as mesh_lib, program as program_lib, train
 from scaling.checkpoints import Checkpoints
 from scaling.config import TrainConfig, from_dict
 
@@ -42,7 +42,7 @@ CONDITIONS = ("as trained", "untrained positions zeroed", "at training length")
 
 def _accuracy(program, params, pipeline, strings: int, batch_size: int) -> tuple[float, float]:
     batches = pipeline.validation_batches(batch_size, strings // batch_size)
-    metrics = train.evaluate_metrics(program, params, batches, batch_size)
+    metrics = program_lib.evaluate_metrics(program, params, batches, batch_size)
     return metrics["accuracy"], metrics["loss"] / np.log(2)
 
 
@@ -50,7 +50,7 @@ def probe(run_dir: Path, strings: int) -> dict:
     config = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
     pipeline = data.build(config.data)
     config = train.resolve_config(config, pipeline)
-    program = train.build(config, mesh_lib.make_mesh(config.mesh), label_ids=pipeline.LABEL_TOKENS)
+    program = program_lib.build(config, mesh_lib.make_mesh(config.mesh), label_ids=pipeline.LABEL_TOKENS)
     # Restore from a copy: Checkpoints.restore_newest deletes checkpoints it cannot read back.
     with tempfile.TemporaryDirectory() as scratch:
         shutil.copytree(run_dir / "checkpoints", Path(scratch) / "checkpoints")
