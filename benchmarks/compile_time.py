@@ -34,6 +34,7 @@ def measure(depth: int, width: int, scan_layers: bool, steps: int) -> dict:
 
     config = train_config(depth, width, scan_layers=scan_layers)
     mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
+    program_lib.forget_programs()  # compile from scratch, even a shape this process has built before
     program = program_lib.build(config, mesh)
     start = time.perf_counter()
     compiled = program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),

@@ -115,8 +115,9 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
 
 
 def forget_programs() -> None:
-    """Drop the programs built so far in this process: the next ``build`` traces afresh (for code that
-    changes how a step is traced, such as a test that switches the activation constraints off)."""
+    """Drop the programs built so far in this process: the next ``build`` traces and compiles afresh (for
+    code that changes how a step is traced, such as a test that switches the activation constraints off,
+    or that times compilation)."""
     _build.cache_clear()
 
 
