@@ -2,97 +2,58 @@
 and the wall time adds up over resumed segments."""
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from scaling import records, train
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-
-def tiny(**changes) -> TrainConfig:
-    base = TrainConfig(
-        model=ModelConfig(depth=1, width=16, head_dim=16, max_seq_len=32),
-        data=DataConfig(source="builtin", seq_len=32),
-        optim=OptimConfig(peak_lr=3e-3, warmup_steps=2),
-        steps=20, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=5, keep_checkpoints=3,
-        log_every=5, wandb_mode="disabled", name="tiny")
-    return TrainConfig(**{**base.__dict__, **changes})
-
-
-SWEEP_FILE = """
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeps.spec import Sweep
-
-def sweep():
-    base = TrainConfig(model=ModelConfig(head_dim=16, max_seq_len=32), data=DataConfig(seq_len=32),
-                       optim=OptimConfig(peak_lr=3e-3, warmup_steps=2), steps={steps}, batch_size=8,
-                       eval_every=0, eval_batches=2, checkpoint_every=5, log_every=5, wandb_mode="{wandb}")
-    return Sweep(name="mini", base=base, depths=(1, 2), widths={{1: (16, 32), 2: (16,)}}, seeds=(0,),
-                 multiple_of=16)
-"""
-
-
-def write_sweep(tmp_path, steps=20, wandb="disabled") -> Path:
-    path = tmp_path / "mini.py"
-    path.write_text(SWEEP_FILE.format(steps=steps, wandb=wandb))
-    return path
+import tiny
+from scaling import records
 
 
 def run_dirs(workdir) -> list[Path]:
     return sorted(p for p in (Path(workdir) / "mini").iterdir() if p.is_dir() and p.name != "wandb")
 
 
-def metric_steps(run_dir) -> list[int]:
-    return [json.loads(line)["step"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
 def _largest_file(directory: Path) -> Path:
     return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
-    """The tiny config trained once, undisturbed: (run directory, record)."""
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    return run_dir, train.run(tiny(), run_dir, show_progress=False)
-
-
 @pytest.mark.parametrize("damage", ["truncate_array", "delete_state", "truncate_meta"])
-def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, capsys, reference_run):
-    config = tiny()
-    reference_dir, reference = reference_run
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, capsys, tiny_reference):
+    reference_dir, reference = tiny_reference
     run_dir = tmp_path / "run"
-    train.run(config, run_dir, show_progress=False)
+    shutil.copytree(reference_dir, run_dir)
     (run_dir / "result.json").unlink()  # as if the process died after its last checkpoint
-    newest = run_dir / "checkpoints" / "20"
+    newest = run_dir / "checkpoints" / str(tiny.STEPS)
     if damage == "truncate_array":  # as a write cut off part-way leaves them
         for victim in (newest / "state").rglob("d/*"):
             victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     elif damage == "delete_state":
-        import shutil
-
         shutil.rmtree(newest / "state")
     else:
         victim = next((newest / "meta").rglob("*metadata*"), None) or _largest_file(newest / "meta")
         victim.write_text(victim.read_text()[:5])
-    resumed = train.run(config, run_dir, show_progress=False)
-    assert "damaged checkpoint passed over, step 20" in capsys.readouterr().err
-    assert [p.name.split("-")[0] for p in (run_dir / "checkpoints-set-aside").iterdir()] == ["20"]  # kept
-    assert resumed.status == "finished" and resumed.steps == 20
-    assert resumed.final_eval_loss == reference.final_eval_loss  # steps 15-20 redone exactly
-    assert metric_steps(run_dir) == metric_steps(reference_dir)
+    resumed = tiny.run(tiny.config(), run_dir)
+    assert f"damaged checkpoint passed over, step {tiny.STEPS}" in capsys.readouterr().err
+    set_aside = [p.name.split("-")[0] for p in (run_dir / "checkpoints-set-aside").iterdir()]
+    assert set_aside == [str(tiny.STEPS)]  # kept
+    assert resumed.status == "finished" and resumed.steps == tiny.STEPS
+    assert resumed.final_eval_loss == reference.final_eval_loss  # the steps after checkpoint 4 redone exactly
+    assert tiny.metric_steps(run_dir) == tiny.metric_steps(reference_dir)
 
 
 @pytest.mark.parametrize("when", ["at_save", "in_background"])
 def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(tmp_path, monkeypatch, capsys, when):
-    """A checkpoint write that fails at step 5 stops that run at step 5 with one line; the next run
+    """A checkpoint write that fails at step 4 stops that run at step 4 with one line; the next run
     logs into its own wandb run; the retried run ends with one metrics row per step."""
     from scaling import checkpoints
     from sweeps import launch as launcher
 
-    sweep = write_sweep(tmp_path, steps=10, wandb="offline")
+    sweep = tiny.write_sweep(tmp_path, grid="depths=(1,), widths={1: (16, 32)}", wandb="offline")
     monkeypatch.chdir(tmp_path)
+    tiny.on_one_device(monkeypatch)
     failing = {"dir": None}
     manager = checkpoints.ocp.CheckpointManager
     real_save, real_check = manager.save, manager.check_for_errors
@@ -114,11 +75,11 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
     assert launcher.main(["run", str(sweep), "--workdir", "runs"]) == 1
     out = capsys.readouterr().out
     failed_lines = [line for line in out.splitlines() if ": failed:" in line]
-    assert len(failed_lines) == 1 and "checkpoint of step 5" in failed_lines[0] and "Traceback" not in out
+    assert len(failed_lines) == 1 and "checkpoint of step 4" in failed_lines[0] and "Traceback" not in out
     dirs = run_dirs(tmp_path / "runs")
     failed = next(d for d in dirs if str(d) in failing["dir"])
     assert records.read_record(failed).status == "failed"
-    assert max(metric_steps(failed)) == 5  # stopped at the checkpoint, not after training
+    assert max(tiny.metric_steps(failed)) == 4  # stopped at the checkpoint, not after training
     assert "OSError" in (failed / "error.log").read_text()
     for run_dir in dirs:
         record = records.read_record(run_dir)
@@ -129,14 +90,12 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
     monkeypatch.setattr(manager, "check_for_errors", real_check)
     assert launcher.main(["run", str(sweep), "--workdir", "runs"]) == 0
     assert records.read_record(failed).status == "finished"
-    steps = metric_steps(failed)
-    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 10
+    steps = tiny.metric_steps(failed)
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == tiny.STEPS
 
 
-def test_wall_seconds_add_up_over_resumed_segments(tmp_path, reference_run):
-    import shutil
-
-    reference_dir, first = reference_run
+def test_wall_seconds_add_up_over_resumed_segments(tmp_path, tiny_reference):
+    reference_dir, first = tiny_reference
     shutil.copytree(reference_dir, tmp_path / "run")
     (tmp_path / "run" / "result.json").unlink()  # as if killed after the last checkpoint
     # earlier segments that took 1000 s, so the sum cannot be mistaken for the last segment alone
@@ -145,12 +104,12 @@ def test_wall_seconds_add_up_over_resumed_segments(tmp_path, reference_run):
     checkpointed = meta["wall_seconds"] = 1000.0
     (last / "meta" / "metadata").write_text(json.dumps(meta))
     started = time.perf_counter()
-    resumed = train.run(tiny(), tmp_path / "run", show_progress=False)
+    resumed = tiny.run(tiny.config(), tmp_path / "run")
     segment = time.perf_counter() - started
     # the time after the last checkpoint died with the kill; what was checkpointed is kept and
     # the resumed segment is added (it is not compared with the uninterrupted run's total,
     # which also counted the lost time)
     assert resumed.steps == first.steps
     assert checkpointed < resumed.wall_seconds <= checkpointed + segment
-    assert metric_steps(tmp_path / "run") == metric_steps(reference_dir)  # the last step once, not twice
+    assert tiny.metric_steps(tmp_path / "run") == tiny.metric_steps(reference_dir)  # the last step once, not twice
     assert resumed.final_train_loss == first.final_train_loss is not None
