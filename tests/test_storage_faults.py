@@ -3,34 +3,24 @@
 Every process here finds storage through ``STORAGE_EMULATOR_HOST`` alone
 (``gcs_emulator.emulator_env`` removes what the project derives from it) and runs in an empty local
 directory that must stay empty. Faults: a conditional write whose reply is lost, the storage
-unreachable for a few seconds, storage that stops answering, SIGTERM during a hung write.
+unreachable for a few seconds, storage that stops answering, SIGTERM during a hung write. Each
+trainer pauses at a known step (``tests/pause.py``) while the test breaks the storage.
 """
 
-import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import fsspec
 import pytest
-from etils import epath
 
+import tiny
 from gcs_emulator import FaultProxy, emulator_env
 from scaling import lease, records, train
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from scaling.track import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny(**changes) -> TrainConfig:
-    base = dict(model=ModelConfig(depth=1, width=16, head_dim=16, max_seq_len=32),
-                data=DataConfig(source="builtin", seq_len=32), optim=OptimConfig(peak_lr=3e-3, warmup_steps=2),
-                steps=8, batch_size=8, eval_every=0, eval_batches=1, checkpoint_every=4, keep_checkpoints=3,
-                log_every=1, wandb_mode="disabled", name="tiny")
-    return TrainConfig(**{**base, **changes})
 
 
 def env_for(url: str, tmp_path, **extra) -> dict:
@@ -52,29 +42,6 @@ def keys(prefix: str) -> set[str]:
 def checkpoint_steps(run_dir: str) -> list[int]:
     return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
                    and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})
-
-
-def train_cli(config: TrainConfig, workdir: str, tmp_path) -> list[str]:
-    config_file = tmp_path / f"config-{abs(hash(workdir))}.json"
-    config_file.write_text(json.dumps(train.to_dict(config)))
-    return [sys.executable, "-m", "scaling.train", "--config", str(config_file), "--workdir", workdir, "--no-progress"]
-
-
-def wait_for(predicate, timeout: float, proc=None, interval: float = 0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended early: {proc.communicate()[0][-3000:]}")
-        time.sleep(interval)
-    raise AssertionError("timed out")
-
-
-def logged_through(run_dir: str) -> int:
-    """The last step in the run's metrics objects, from one listing (0 if none yet)."""
-    names = [key for key in keys(run_dir) if key.startswith("metrics/")] if epath.Path(run_dir).exists() else []
-    return max((int(key.rsplit("-", 1)[1].split(".")[0]) for key in names), default=0)
 
 
 def metric_steps(run_dir: str) -> list[int]:
@@ -108,6 +75,16 @@ def test_a_lease_write_whose_reply_is_lost_is_recognised_as_our_own(gcs, gcs_emu
         proxy.close()
 
 
+def _paused_run(config, run_dir: str, tmp_path, env, pause_step: int, **popen):
+    """A trainer process into ``run_dir``, paused after it logs ``pause_step``: (process, pause file)."""
+    pause = tmp_path / "paused"
+    command = tiny.train_command(config, run_dir, tmp_path / "config.json", pause_file=pause,
+                                 pause_step=pause_step)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, **popen)
+    tiny.wait_for(pause.exists, 300, proc)
+    return proc, pause
+
+
 def test_storage_unreachable_for_a_few_seconds_mid_run_is_retried_not_fatal(gcs, gcs_emulator, tmp_path):
     # Storage goes away for 3 s mid-run (every connection closed unanswered, as while a server restarts),
     # hitting the metrics objects, checkpoint writes and listings; every client retries.
@@ -115,14 +92,12 @@ def test_storage_unreachable_for_a_few_seconds_mid_run_is_retried_not_fatal(gcs,
     # which Cloud Storage keeps for a week, so gcsfs's retried chunk meets 404.)
     proxy = FaultProxy(gcs_emulator.url)
     try:
-        config = tiny(steps=400, checkpoint_every=20, log_every=1)
-        env = env_for(proxy.url, tmp_path)
         run_dir = f"{gcs}/outage"
-        proc = subprocess.Popen(train_cli(config, run_dir, tmp_path), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc, pause = _paused_run(tiny.config(), run_dir, tmp_path, env_for(proxy.url, tmp_path), pause_step=5,
+                                  stderr=subprocess.STDOUT)
         try:
-            wait_for(lambda: logged_through(run_dir) >= 25, 300, proc, interval=0.2)
             proxy.unreachable = True
+            pause.unlink()  # the rest of the run meets the outage
             time.sleep(3)
             proxy.unreachable = False
             out = proc.communicate(timeout=400)[0]
@@ -132,8 +107,8 @@ def test_storage_unreachable_for_a_few_seconds_mid_run_is_retried_not_fatal(gcs,
         assert proxy.refused > 0  # it was trying to reach the storage during the outage
         assert proc.returncode == 0, out[-3000:]
         record = records.read_record(run_dir)
-        assert record.status == "finished" and record.steps == 400
-        assert metric_steps(run_dir) == list(range(401))
+        assert record.status == "finished" and record.steps == tiny.STEPS
+        assert metric_steps(run_dir) == list(range(tiny.STEPS + 1))
     finally:
         proxy.close()
 
@@ -146,23 +121,28 @@ def _hanging_checkpoints(proxy: FaultProxy, run_dir: str):
     proxy.hang_when = lambda method, path: marker in path
 
 
+# A checkpoint every 2 steps: the storage stops answering after step 2's, so step 4's hangs.
+HANGING = dict(checkpoint_every=2)
+
+
 def test_storage_that_stops_answering_fails_the_checkpoint_in_bounded_time(gcs, gcs_emulator, tmp_path):
     limit = 5
     proxy = FaultProxy(gcs_emulator.url)
     try:
         env = env_for(proxy.url, tmp_path, SCALING_CHECKPOINT_TIMEOUT_SECONDS=str(limit))
         run_dir = f"{gcs}/unreachable"
-        proc = subprocess.Popen(train_cli(tiny(steps=400, checkpoint_every=20, log_every=5), run_dir, tmp_path), env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: logged_through(run_dir) >= 25, 300, proc, interval=0.2)  # 20 is done
+        proc, pause = _paused_run(tiny.config(**HANGING), run_dir, tmp_path, env, pause_step=3,
+                                  stderr=subprocess.PIPE)
+        tiny.wait_for(lambda: checkpoint_steps(run_dir) == [2], 120, proc)
         _hanging_checkpoints(proxy, run_dir)
+        pause.unlink()
         hung = time.time()
         out, err = proc.communicate(timeout=120)
         assert time.time() - hung < limit + 60  # the limit, the steps to the next checkpoint, the exit
         assert proc.returncode == 1, err[-3000:]
         lines = [line for line in err.splitlines() if line.startswith("error")]
         assert "Traceback" not in err and len(lines) == 1, err
-        assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint of step 40"), err
+        assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint of step 4"), err
         assert f"{run_dir}/checkpoints" in lines[0] and f"not finished after {limit} s" in lines[0]
         assert records.read_record(run_dir).status == "failed"
     finally:
@@ -174,11 +154,12 @@ def test_sigterm_during_a_hung_checkpoint_write_still_ends_the_run(gcs, gcs_emul
     try:
         env = env_for(proxy.url, tmp_path, SCALING_CHECKPOINT_TIMEOUT_SECONDS="3600")
         run_dir = f"{gcs}/hung"
-        proc = subprocess.Popen(train_cli(tiny(steps=400, checkpoint_every=20, log_every=5), run_dir, tmp_path), env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: logged_through(run_dir) >= 25, 300, proc, interval=0.2)  # 20 is done
+        proc, pause = _paused_run(tiny.config(**HANGING), run_dir, tmp_path, env, pause_step=3,
+                                  stderr=subprocess.PIPE)
+        tiny.wait_for(lambda: checkpoint_steps(run_dir) == [2], 120, proc)
         _hanging_checkpoints(proxy, run_dir)
-        wait_for(lambda: proxy.held > 0, 120, proc)  # the next checkpoint's write is hanging now
+        pause.unlink()
+        tiny.wait_for(lambda: proxy.held > 0, 120, proc)  # the next checkpoint's write is hanging now
         time.sleep(1)
         sent = time.time()
         proc.send_signal(signal.SIGTERM)
@@ -187,6 +168,6 @@ def test_sigterm_during_a_hung_checkpoint_write_still_ends_the_run(gcs, gcs_emul
         assert proc.returncode == train.PREEMPTED_EXIT_CODE, err[-3000:]
         assert "stopped by SIGTERM while waiting for a write that storage did not finish" in err
         record = records.read_record(run_dir)
-        assert record.status == "stopped" and checkpoint_steps(run_dir) == [20]
+        assert record.status == "stopped" and checkpoint_steps(run_dir) == [2]
     finally:
         proxy.close()
