@@ -1,9 +1,9 @@
 """Run a module's command line, pausing the first training run that logs a chosen step.
 
-    python tests/pause.py PAUSE_FILE STEP MODULE [ARGUMENTS...]
+    python tests/pause.py PAUSE_FILE [RUN@]STEP MODULE [ARGUMENTS...]
 
 runs ``python -m MODULE ARGUMENTS`` (``scaling.train`` or ``sweeps.launch``). Once a run's tracker
-has logged STEP (so every metrics row before STEP is written, and every checkpoint before it is
+(with RUN@, only that of the run whose directory is named RUN) has logged STEP (so every metrics row before STEP is written, and every checkpoint before it is
 under way), the process creates PAUSE_FILE and waits while it exists, for at most ten minutes. A test can
 then kill it, signal it or break its storage at a step it knows, however fast or slow the machine is,
 and delete the file to let the run go on. A test that would otherwise race a short run to a step
@@ -19,14 +19,15 @@ from scaling.track import Tracker
 
 
 def main() -> None:
-    pause_file, step, module, *arguments = sys.argv[1:]
+    pause_file, when, module, *arguments = sys.argv[1:]
+    run, _, step = when.rpartition("@")
     pause_file, step = Path(pause_file), int(step)
     log = Tracker.log
     paused = []
 
     def log_then_pause(self, at_step, metrics):
         log(self, at_step, metrics)
-        if not paused and at_step >= step:
+        if not paused and at_step >= step and run in ("", self.run_dir.name):
             paused.append(at_step)
             pause_file.touch()
             deadline = time.time() + 600

@@ -3,52 +3,21 @@ that fail without stopping the sweep, and one-line errors."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+import tiny
 from scaling import records, train
 from sweeps import launch, spec
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-SWEEP_FILE = '''"""Test sweep {name}.
-
-    python -m sweeps.launch run {path} --workdir WORKDIR
-"""
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeps.spec import Sweep
-
-
-def sweep():
-    base = TrainConfig(
-        model=ModelConfig(head_dim=16, max_seq_len=32),
-        data=DataConfig(source="builtin", seq_len=32),
-        optim=OptimConfig(warmup_steps=2, {optim}),
-        steps={steps}, batch_size=8, eval_every=0, eval_batches=1, checkpoint_every={checkpoint_every},
-        log_every={log_every}, wandb_mode="{wandb}")
-    return Sweep(name="{name}", base=base, {grid}, multiple_of=16)
-'''
-
-
-def write_sweep(tmp_path, name, grid, steps=12, checkpoint_every=6, log_every=3, wandb="disabled",
-                optim="peak_lr=3e-3") -> Path:
-    path = tmp_path / f"{name}.py"
-    path.write_text(SWEEP_FILE.format(name=name, path=path, grid=grid, steps=steps, checkpoint_every=checkpoint_every,
-                                      log_every=log_every, wandb=wandb, optim=optim))
-    return path
-
-
-def subprocess_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "XLA_FLAGS"))}
-    env.update(JAX_PLATFORMS="cpu", WANDB_SILENT="true", **extra)
-    return env
+write_sweep = tiny.write_sweep  # (directory, name, grid, steps=..., ...): a sweep file of the tiny runs
 
 
 def launcher(*args):
@@ -57,7 +26,7 @@ def launcher(*args):
 
 def run_cli(*args, env=None, timeout=900):
     # Generous: a 4-run sweep takes about 1 minute alone, but over 5 minutes beside two training jobs on 2 cores.
-    return subprocess.run(launcher(*args), cwd=REPO, env=env or subprocess_env(), capture_output=True, text=True,
+    return subprocess.run(launcher(*args), cwd=REPO, env=env or tiny.env(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -82,45 +51,15 @@ def write_record(run, workdir, status="finished", loss=3.0, **fields):
     return record
 
 
-MINI_SWEEP = """
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeps.spec import Sweep
-
-def sweep():
-    base = TrainConfig(model=ModelConfig(head_dim=16, max_seq_len=32), data=DataConfig(seq_len=32),
-                       optim=OptimConfig(peak_lr=3e-3, warmup_steps=2), steps={steps}, batch_size=8,
-                       eval_every=0, eval_batches=2, checkpoint_every=5, log_every=5, wandb_mode="{wandb}")
-    return Sweep(name="mini", base=base, depths=(1, 2), widths={{1: (16, 32), 2: (16,)}}, seeds=(0,),
-                 multiple_of=16)
-"""
+def run_dirs(workdir, sweep="mini") -> list[Path]:
+    return sorted(p for p in (Path(workdir) / sweep).iterdir() if p.is_dir() and p.name != "wandb")
 
 
-def write_mini_sweep(tmp_path, steps=20, wandb="disabled") -> Path:
-    path = tmp_path / "mini.py"
-    path.write_text(MINI_SWEEP.format(steps=steps, wandb=wandb))
-    return path
+def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path, capsys, monkeypatch):
+    from analysis.__main__ import main as analysis
 
-
-def _env() -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
-               PYTHONPATH=str(REPO))
-    env.pop("XLA_FLAGS", None)
-    return env
-
-
-def launch_at(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeps.launch", *map(str, args)], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=600)
-
-
-def run_dirs(workdir) -> list[Path]:
-    return sorted(p for p in (Path(workdir) / "mini").iterdir() if p.is_dir() and p.name != "wandb")
-
-
-def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path):
     # μP-style rates (optim.lr_rule='mup') as in the shipped sweeps; one seed, so no transition test.
-    sweep_file = write_sweep(tmp_path, "e2e", "depths=(1, 2), widths={1: (16, 32), 2: (16, 32)}", wandb="offline",
-                             optim="peak_lr=3e-3, lr_rule='mup', base_width=32")
+    sweep_file = write_sweep(tmp_path, "e2e", wandb="offline", optim="peak_lr=3e-3, lr_rule='mup', base_width=32")
     workdir = tmp_path / "runs"
     done = run_cli("run", sweep_file, "--workdir", workdir)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -130,7 +69,8 @@ def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path):
     assert "analysis:" in done.stdout and "not enough points" in done.stdout  # one seed: no noise estimate
     # stderr is a pipe here, as in a log file: plain progress lines, no bar redraws or escape codes.
     assert "\x1b" not in done.stderr and "\r" not in done.stderr, done.stderr[-2000:]
-    assert "L1-d16-s0: 12/12 steps (100%)" in done.stderr and "sweep e2e: 4/4 runs (100%)" in done.stderr
+    steps = f"{tiny.STEPS}/{tiny.STEPS} steps (100%)"
+    assert f"L1-d16-s0: {steps}" in done.stderr and "sweep e2e: 4/4 runs (100%)" in done.stderr
 
     sweep_dir = workdir / "e2e"
     records = results(sweep_dir)
@@ -138,17 +78,15 @@ def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path):
     assert all(r["sweep"] == "e2e" for r in records.values())  # the wandb group of every run
     assert {r["width"]: r["peak_lr_hidden"] for r in records.values()} == {16: 6e-3, 32: 3e-3}
 
-    status = run_cli("status", sweep_file, "--workdir", workdir, "--json")
-    data = json.loads(status.stdout)
+    assert launch.main(["status", str(sweep_file), "--workdir", str(workdir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert data["counts"] == {"finished": 4} and data["total"] == 4
     assert {run["name"]: run["final_eval_loss"] for run in data["runs"]} == {
         name: record["final_eval_loss"] for name, record in records.items()}
     assert set(data["runs"][0]) >= {"name", "run_id", "depth", "width", "params", "seed", "status", "final_eval_loss"}
 
-    fit = subprocess.run([sys.executable, "-m", "analysis", "fit", str(sweep_dir), "--json", "--loss-std", "0.05"],
-                         cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
-    assert fit.returncode == 0, fit.stderr
-    report = json.loads(fit.stdout)
+    assert analysis(["fit", str(sweep_dir), "--json", "--loss-std", "0.05"]) == 0
+    report = json.loads(capsys.readouterr().out)
     assert report["runs"] == 4 and report["skipped"] == {}
     assert [(t["shallow_depth"], t["deep_depth"]) for t in report["transitions"]] == [(1, 2)]
 
@@ -165,39 +103,35 @@ def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path):
 
     # Running the finished sweep again trains nothing and adds no wandb run, the sweep's included.
     wandb_runs = sorted(p.name for p in sweep_dir.glob("**/offline-run-*"))
-    again = run_cli("run", sweep_file, "--workdir", workdir)
-    assert again.returncode == 0 and "0 to train" in again.stdout, again.stderr[-3000:]
+    tiny.on_one_device(monkeypatch)
+    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == 0
+    again = capsys.readouterr()
+    assert "0 to train" in again.out, again.err[-3000:]
     assert sorted(p.name for p in sweep_dir.glob("**/offline-run-*")) == wandb_runs
-    assert "\x1b" not in again.stderr and "\r" not in again.stderr
-
-
-def _checkpoint_steps(run_dir: Path) -> list[int]:
-    folder = run_dir / "checkpoints"
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+    assert "\x1b" not in again.err and "\r" not in again.err
 
 
 def test_killed_sweep_resumes_without_retraining_finished_runs(tmp_path):
-    # Cheapest first: L1-d16 finishes quickly, then L2-d64 trains 300 steps, checkpointing every 50.
-    sweep_file = write_sweep(tmp_path, "killed", "depths=(1, 2), widths={1: (16,), 2: (64,)}", steps=300,
-                             checkpoint_every=50, log_every=10)
+    # Cheapest first: L1-d16 finishes, then L2-d16 trains; the launcher is killed once L2-d16 has
+    # checkpointed step 4 and logged past it (it waits there, tests/pause.py).
+    sweep_file = write_sweep(tmp_path, "killed", "depths=(1, 2), widths={1: (16,), 2: (16,)}")
     workdir = tmp_path / "runs"
     sweep = spec.load_sweep(sweep_file)
     small, big = sorted(sweep.expand().runs, key=lambda run: run.flops)
     small_dir, big_dir = Path(str(small.run_dir(workdir))), Path(str(big.run_dir(workdir)))
-    env = subprocess_env(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"))
-    proc = subprocess.Popen(launcher("run", sweep_file, "--workdir", workdir), cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.time() + 240
-    while not ((small_dir / "result.json").exists() and _checkpoint_steps(big_dir)):
-        assert proc.poll() is None, f"launcher ended early: {proc.communicate()[0][-3000:]}"
-        assert time.time() < deadline, "timed out waiting for a finished run and a checkpoint"
-        time.sleep(0.05)
+    pause = tmp_path / "paused"
+    command = tiny.paused_command(pause, f"{big_dir.name}@6", "sweeps.launch", "run", sweep_file, "--workdir",
+                                  workdir)
+    proc = subprocess.Popen(command, cwd=REPO, env=tiny.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    tiny.wait_for(lambda: pause.exists() and (big_dir / "checkpoints" / "4").exists(), 300, proc)
+    assert (small_dir / "result.json").exists()
     os.killpg(proc.pid, signal.SIGKILL)  # the machine dies: launcher and everything it started
     proc.wait()
-    assert not (big_dir / "result.json").exists(), "the second run finished before the kill; make it longer"
+    assert not (big_dir / "result.json").exists()
     small_bytes, small_mtime = (small_dir / "result.json").read_bytes(), (small_dir / "result.json").stat().st_mtime_ns
 
-    again = run_cli("run", sweep_file, "--workdir", workdir, env=env)
+    again = run_cli("run", sweep_file, "--workdir", workdir)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 to train, 1 resumable, 1 finished" in again.stdout
     assert "== sweep killed: 2 finished (of 2 runs)" in again.stdout
@@ -206,19 +140,19 @@ def test_killed_sweep_resumes_without_retraining_finished_runs(tmp_path):
     assert (small_dir / "result.json").stat().st_mtime_ns == small_mtime
     # ...and the interrupted one continued from its checkpoint instead of starting over.
     record = json.loads((big_dir / "result.json").read_text())
-    assert record["status"] == "finished" and record["steps"] == 300
+    assert record["status"] == "finished" and record["steps"] == tiny.STEPS
     rows = [json.loads(line) for line in (big_dir / "metrics.jsonl").read_text().splitlines()]
     loss_steps = [row["step"] for row in rows if "loss" in row]
-    assert loss_steps.count(10) == 1  # a restart from scratch would log step 10 twice
+    assert loss_steps.count(1) == 1  # a restart from scratch would log step 1 twice
     assert [row["step"] for row in rows] == sorted({row["step"] for row in rows})  # one row per step
     assert len([row for row in rows if "eval_loss" in row and row["step"] == 0]) == 1
-    assert sorted(set(loss_steps)) == list(range(10, 301, 10))
+    assert sorted(set(loss_steps)) == list(range(1, tiny.STEPS + 1))
 
 
-def test_diverging_run_is_recorded_and_the_others_finish(tmp_path, capsys):
-    sweep_file = write_sweep(tmp_path, "diverge", "depths=(1,), widths={1: (16,)}, lr_grid=(3e-3, 1e9)",
-                             optim="peak_lr=3e-3, grad_clip=0.0, weight_decay=0.0")
+def test_diverging_run_is_recorded_and_the_others_finish(tmp_path, capsys, monkeypatch):
+    sweep_file = write_sweep(tmp_path, "diverge", "depths=(1,), widths={1: (16,)}, lr_grid=(3e-3, 1e9)")
     workdir = tmp_path / "runs"
+    tiny.on_one_device(monkeypatch)
     assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == 0
     out = capsys.readouterr().out
     assert "L1-d16-s0-lr1e+09: diverged" in out
@@ -411,7 +345,7 @@ def test_listing_never_starts_a_jax_backend(tmp_path):
             assert launch.main([command, {paper!r}, "--workdir", {str(tmp_path)!r}]) == 0
         assert not xla_bridge._backends, xla_bridge._backends
     """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=subprocess_env(), capture_output=True,
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=tiny.env(), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "L48-d1600-s2" in done.stdout
@@ -470,48 +404,57 @@ def test_preflight_is_dispatched_lazily(tmp_path, monkeypatch):
         launch.main(["preflight", str(sweep_file)])  # --topology is required
 
 
-def test_a_truncated_record_is_named_and_the_sweep_goes_on(tmp_path):
-    sweep = write_mini_sweep(tmp_path, steps=5)
-    assert launch_at("run", sweep, "--workdir", "runs", cwd=tmp_path).returncode == 0
+# Two runs of the tiny sweep, trained in this process.
+PAIR = "depths=(1,), widths={1: (16, 32)}"
+
+
+def test_a_truncated_record_is_named_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    sweep = str(write_sweep(tmp_path, "mini", PAIR))
+    monkeypatch.chdir(tmp_path)
+    tiny.on_one_device(monkeypatch)
+    assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
     damaged, removed = run_dirs(tmp_path / "runs")[:2]
     (damaged / "result.json").write_text('{"status": "fini')
-    import shutil
-
     shutil.rmtree(removed)
-    status = launch_at("status", sweep, "--workdir", "runs", cwd=tmp_path)
-    assert status.returncode == 0 and str(damaged / "result.json") in status.stdout
-    listed = launch_at("list", sweep, "--workdir", "runs", cwd=tmp_path)
-    assert listed.returncode == 0 and "unreadable" in listed.stdout
-    again = launch_at("run", sweep, "--workdir", "runs", cwd=tmp_path)
-    assert again.returncode == 0, again.stdout + again.stderr
+    capsys.readouterr()
+    assert launch.main(["status", sweep, "--workdir", "runs"]) == 0
+    assert str(damaged / "result.json") in capsys.readouterr().out
+    assert launch.main(["list", sweep, "--workdir", "runs"]) == 0
+    assert "unreadable" in capsys.readouterr().out
+    assert launch.main(["run", sweep, "--workdir", "runs"]) == 0, capsys.readouterr()
     assert all(records.read_record(d).status == "finished" for d in run_dirs(tmp_path / "runs"))
 
 
-def test_an_unwritable_run_dir_is_reported_and_the_others_train(tmp_path):
-    sweep = write_mini_sweep(tmp_path, steps=5)
-    listing = json.loads(launch_at("list", sweep, "--workdir", "runs", "--json", cwd=tmp_path).stdout)
+def test_an_unwritable_run_dir_is_reported_and_the_others_train(tmp_path, capsys, monkeypatch):
+    sweep = str(write_sweep(tmp_path, "mini", PAIR))
+    monkeypatch.chdir(tmp_path)
+    tiny.on_one_device(monkeypatch)
+    assert launch.main(["list", sweep, "--workdir", "runs", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
     blocked = tmp_path / "runs" / "mini" / listing["runs"][0]["run_id"]
     blocked.parent.mkdir(parents=True)
     blocked.write_text("a file where the run directory should be")
-    out = launch_at("run", sweep, "--workdir", "runs", cwd=tmp_path)
-    assert out.returncode == 1
-    assert str(blocked) in out.stdout and "Traceback" not in out.stdout + out.stderr
+    assert launch.main(["run", sweep, "--workdir", "runs"]) == 1
+    out, err = capsys.readouterr()
+    assert str(blocked) in out and "Traceback" not in out + err
     finished = [d for d in run_dirs(tmp_path / "runs") if records.read_record(d).status == "finished"]
-    assert len(finished) == 2
+    assert len(finished) == 1
 
 
 def test_piped_output_closes_quietly(tmp_path):
-    sweep = write_mini_sweep(tmp_path)
+    sweep = write_sweep(tmp_path, "mini", PAIR)
     # `true` exits without reading, so the launcher writes into a closed pipe.
     done = subprocess.run(["bash", "-c", f"{sys.executable} -m sweeps.launch list {sweep} --workdir runs | true"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=tiny.env(), capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
 
-def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capsys):
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "taken").write_text("")
     assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "taken")]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
-    sweep = write_mini_sweep(tmp_path)
-    done = launch_at("run", sweep, "--workdir", "taken", cwd=tmp_path)
-    assert done.returncode == 2 and "is a file" in done.stderr and "Traceback" not in done.stderr
+    sweep = str(write_sweep(tmp_path, "mini", PAIR))
+    monkeypatch.chdir(tmp_path)
+    assert launch.main(["run", sweep, "--workdir", "taken"]) == 2
+    err = capsys.readouterr().err
+    assert "is a file" in err and err.strip().count("\n") == 0 and "Traceback" not in err

@@ -74,7 +74,13 @@ def train_command(config: TrainConfig, workdir, config_file: Path, *extra, pause
     arguments = ["--config", str(config_file), "--workdir", str(workdir), "--no-progress", *extra]
     if pause_file is None:
         return [sys.executable, "-m", "scaling.train", *arguments]
-    return [sys.executable, str(PAUSE), str(pause_file), str(pause_step), "scaling.train", *arguments]
+    return paused_command(pause_file, pause_step, "scaling.train", *arguments)
+
+
+def paused_command(pause_file, when, module: str, *arguments) -> list[str]:
+    """``python -m module arguments``, paused once a run logs a step: ``when`` is the step, or
+    ``"RUN@STEP"`` for the run whose directory is named RUN (tests/pause.py)."""
+    return [sys.executable, str(PAUSE), str(pause_file), str(when), module, *map(str, arguments)]
 
 
 def wait_for(predicate, timeout: float, proc=None, interval: float = 0.02) -> None:
