@@ -9,54 +9,11 @@ from pathlib import Path
 
 import pytest
 
+import tiny
 from scaling import lease, records, train
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny(**changes) -> TrainConfig:
-    base = TrainConfig(
-        model=ModelConfig(depth=1, width=16, head_dim=16, max_seq_len=32),
-        data=DataConfig(source="builtin", seq_len=32),
-        optim=OptimConfig(peak_lr=3e-3, warmup_steps=2),
-        steps=20, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=5, keep_checkpoints=3,
-        log_every=5, wandb_mode="disabled", name="tiny")
-    return TrainConfig(**{**base.__dict__, **changes})
-
-
-def _env() -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
-               PYTHONPATH=str(REPO))
-    env.pop("XLA_FLAGS", None)
-    return env
-
-
-SWEEP_FILE = """
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeps.spec import Sweep
-
-def sweep():
-    base = TrainConfig(model=ModelConfig(head_dim=16, max_seq_len=32), data=DataConfig(seq_len=32),
-                       optim=OptimConfig(peak_lr=3e-3, warmup_steps=2), steps={steps}, batch_size=8,
-                       eval_every=0, eval_batches=2, checkpoint_every=5, log_every=5, wandb_mode="{wandb}")
-    return Sweep(name="mini", base=base, depths=(1, 2), widths={{1: (16, 32), 2: (16,)}}, seeds=(0,),
-                 multiple_of=16)
-"""
-
-
-def write_sweep(tmp_path, steps=20, wandb="disabled") -> Path:
-    path = tmp_path / "mini.py"
-    path.write_text(SWEEP_FILE.format(steps=steps, wandb=wandb))
-    return path
-
 
 def run_dirs(workdir) -> list[Path]:
     return sorted(p for p in (Path(workdir) / "mini").iterdir() if p.is_dir() and p.name != "wandb")
-
-
-def metric_steps(run_dir) -> list[int]:
-    return [json.loads(line)["step"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_live_lease_blocks_and_a_stale_one_is_taken_over(tmp_path):
@@ -127,10 +84,11 @@ def test_a_holder_that_cannot_renew_gives_up_before_it_could_be_taken_over(tmp_p
 def test_a_trainer_whose_lease_was_taken_over_stops_without_writing(tmp_path, monkeypatch):
     monkeypatch.setattr(lease.Lease, "still_held", lambda self: False)  # as if a successor took it
     with pytest.raises(train.LeaseLost):
-        train.run(tiny(), tmp_path / "run", show_progress=False)
+        tiny.run(tiny.config(), tmp_path / "run")
     assert not (tmp_path / "run" / "result.json").exists()
     assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name[0].isdigit()]
-    assert max(metric_steps(tmp_path / "run"), default=0) < 5  # nothing logged after the first check
+    # the lease is first read before the checkpoint of step 4: nothing is written after that
+    assert max(tiny.metric_steps(tmp_path / "run"), default=0) < tiny.CHECKPOINT_EVERY
 
 
 def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
@@ -146,9 +104,10 @@ def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
 
 
 def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
-    sweep = write_sweep(tmp_path, steps=30, wandb="offline")
+    sweep = tiny.write_sweep(tmp_path, "mini", "depths=(1, 2), widths={1: (16, 32), 2: (16,)}", wandb="offline")
     procs = [subprocess.Popen([sys.executable, "-m", "sweeps.launch", "run", str(sweep), "--workdir", "runs"],
-                              cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              cwd=tmp_path, env=tiny.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
              for _ in range(2)]
     outputs = [proc.communicate(timeout=600)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
@@ -156,9 +115,9 @@ def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
     assert len(dirs) == 3
     for run_dir in dirs:
         record = records.read_record(run_dir)
-        assert record.status == "finished" and record.steps == 30
-        steps = metric_steps(run_dir)
-        assert steps == sorted(set(steps)) and steps[-1] == 30
+        assert record.status == "finished" and record.steps == tiny.STEPS
+        steps = tiny.metric_steps(run_dir)
+        assert steps == sorted(set(steps)) and steps[-1] == tiny.STEPS
         assert not list((run_dir / "checkpoints").glob("*tmp*"))
         assert not (run_dir / "lease.json").exists()
         assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1  # one training, one wandb run
