@@ -1,8 +1,7 @@
 """The trainer: learning, divergence, reruns, classification records, and one-line errors."""
 
-import dataclasses
 import json
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,52 +11,21 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import tiny
 from scaling import records, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def small_config(**changes) -> TrainConfig:
-    base = TrainConfig(
-        model=ModelConfig(depth=2, width=32, head_dim=16, max_seq_len=64),
-        data=DataConfig(source="builtin", seq_len=64),
-        optim=OptimConfig(peak_lr=3e-3, warmup_steps=5),
-        steps=20, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=10, log_every=1,
-        wandb_mode="offline", name="test")
-    return dataclasses.replace(base, **changes)
-
-
-def losses(run_dir) -> list[float]:
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [row["loss"] for row in rows if "loss" in row]
-
-
-def _env(devices: int) -> dict:
-    env = dict(os.environ)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    return env
-
-
-def _cli(workdir, config: TrainConfig, *extra) -> list[str]:
-    config_path = Path(workdir).parent / (Path(workdir).name + "-config.json")
-    config_path.write_text(json.dumps(dataclasses.asdict(config)))
-    return [sys.executable, "-m", "scaling.train", "--config", str(config_path), "--workdir", str(workdir),
-            "--no-progress", *extra]
-
 
 def test_eval_loss_falls_by_a_third(tmp_path):
-    config = small_config(steps=150, eval_batches=4, model=ModelConfig(depth=2, width=64, head_dim=16,
-                                                                        max_seq_len=64))
-    result = train.run(config, tmp_path / "run", show_progress=False)
+    config = tiny.config(steps=60, eval_batches=4, optim=OptimConfig(peak_lr=1e-2, warmup_steps=2))
+    result = tiny.run(config, tmp_path / "run")
     assert result.status == "finished"
     assert result.final_eval_loss < 0.7 * result.initial_eval_loss
     for key in ("depth", "width", "params_non_embedding", "params_total", "final_eval_loss", "tokens", "steps",
                 "wall_seconds", "code_version", "data_fingerprint"):
         assert getattr(result, key) not in (None, "")
-    assert result.params_non_embedding == 12 * 2 * 64**2
-    assert result.tokens == 150 * 8 * 64
+    assert result.params_non_embedding == 12 * 1 * 16**2
+    assert result.tokens == 60 * 8 * 32
     on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
     assert on_disk["final_eval_loss"] == result.final_eval_loss
     assert (tmp_path / "run" / "config.json").exists()
@@ -72,10 +40,12 @@ def _final_params(run_dir):
 
 def test_absurd_learning_rate_diverges_and_leaves_finite_checkpoints(tmp_path):
     # Warmup lets a few steps pass before the rate explodes, so checkpoints exist before the divergence.
-    config = small_config(steps=30, checkpoint_every=2, log_every=1,
-                          optim=OptimConfig(peak_lr=1e5, warmup_steps=10, schedule="constant", grad_clip=0.0,
-                                            weight_decay=0.0))
-    result = train.run(config, tmp_path / "run", show_progress=False)
+    # (Two layers: the tiny run's one layer stays finite at this rate.)
+    config = tiny.config(model=ModelConfig(depth=2, width=32, head_dim=16, max_seq_len=64),
+                         data=DataConfig(source="builtin", seq_len=64), steps=30, checkpoint_every=2,
+                         optim=OptimConfig(peak_lr=1e5, warmup_steps=10, schedule="constant", grad_clip=0.0,
+                                           weight_decay=0.0))
+    result = tiny.run(config, tmp_path / "run")
     assert result.status == "diverged"
     assert 2 <= result.steps < 30
     step, params = _final_params(tmp_path / "run")
@@ -86,11 +56,11 @@ def test_absurd_learning_rate_diverges_and_leaves_finite_checkpoints(tmp_path):
     assert rows[-1]["diverged"] == 1.0 and rows[-1]["loss"] is None  # strict JSON: no bare NaN
 
 
-def test_rerun_of_a_finished_run_does_nothing(tmp_path):
-    config = small_config(steps=4)
-    first = train.run(config, tmp_path / "run", show_progress=False)
+def test_rerun_of_a_finished_run_does_nothing(tmp_path, tiny_reference):
+    reference_dir, first = tiny_reference
+    shutil.copytree(reference_dir, tmp_path / "run")
     stamp = (tmp_path / "run" / "result.json").stat().st_mtime_ns
-    again = train.run(config, tmp_path / "run", show_progress=False)
+    again = tiny.run(tiny.config(), tmp_path / "run")
     assert again == first
     assert (tmp_path / "run" / "result.json").stat().st_mtime_ns == stamp
 
@@ -104,7 +74,7 @@ def test_bad_config_fails_before_compiling(tmp_path, eight_devices, changes, fie
     monkeypatch.setattr(train, "build", lambda *a, **k: compiled.append(1))
     devices = eight_devices[:4]
     with pytest.raises(ValueError, match=field):
-        train.run(small_config(**changes), tmp_path / "run", show_progress=False, devices=devices)
+        train.run(tiny.config(**changes), tmp_path / "run", show_progress=False, devices=devices)
     assert not compiled
     record = records.read_record(tmp_path / "run")  # the launcher's status shows why it failed
     assert record.status == "failed" and field in record.error and record.steps == 0
@@ -113,7 +83,7 @@ def test_bad_config_fails_before_compiling(tmp_path, eight_devices, changes, fie
 def test_cli_reports_bad_overrides_in_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "scaling.train", "--config", "tiny", "--workdir",
                           str(tmp_path / "x"), "--set", "optim.lr_rule=sometimes"],
-                         cwd=REPO, env=_env(1), capture_output=True, text=True)
+                         env=tiny.env(), capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "lr_rule" in out.stderr
 
@@ -127,7 +97,7 @@ def test_classification_record_holds_accuracy_and_bits(tmp_path):
         optim=OptimConfig(peak_lr=3e-3, warmup_steps=0, weight_decay=0.0),
         steps=300, batch_size=16, eval_every=0, eval_batches=8, checkpoint_every=300, log_every=50,
         wandb_mode="disabled", name="first")
-    result = train.run(config, tmp_path / "run", show_progress=False)
+    result = tiny.run(config, tmp_path / "run")
     assert result.status == "finished"
     assert result.final_eval_accuracy > 0.95  # chance is 0.5
     assert result.final_eval_bits == pytest.approx(result.final_eval_loss / np.log(2))
@@ -139,20 +109,11 @@ def test_classification_record_holds_accuracy_and_bits(tmp_path):
     assert last["eval_accuracy"] == result.final_eval_accuracy
 
 
-def test_language_model_record_has_no_accuracy(tmp_path):
-    result = train.run(small_config(steps=2, checkpoint_every=2), tmp_path / "run", show_progress=False)
+def test_language_model_record_has_no_accuracy(tiny_reference):
+    reference_dir, result = tiny_reference
     assert result.status == "finished"
     assert result.final_eval_accuracy is None and result.final_eval_bits is None
-
-
-def tiny(**changes) -> TrainConfig:
-    base = TrainConfig(
-        model=ModelConfig(depth=1, width=16, head_dim=16, max_seq_len=32),
-        data=DataConfig(source="builtin", seq_len=32),
-        optim=OptimConfig(peak_lr=3e-3, warmup_steps=2),
-        steps=20, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=5, keep_checkpoints=3,
-        log_every=5, wandb_mode="disabled", name="tiny")
-    return TrainConfig(**{**base.__dict__, **changes})
+    assert records.read_record(reference_dir) == result  # as written, not only as returned
 
 
 @pytest.mark.parametrize("setting, named", [
@@ -166,7 +127,7 @@ def test_a_bad_override_is_one_line_naming_the_field(setting, named, tmp_path, c
 
 
 def test_a_config_file_with_a_fractional_step_count_is_refused(tmp_path, capsys):
-    config = train.to_dict(tiny())
+    config = train.to_dict(tiny.config())
     config["steps"] = 10.7
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert train.main(["--config", str(tmp_path / "config.json"), "--workdir", str(tmp_path / "run")]) == 2
