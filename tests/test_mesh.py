@@ -29,13 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def small_config(**changes) -> TrainConfig:
+    """Two layers of two heads: every mesh axis splits something (heads and feed-forward over tensor)."""
     base = TrainConfig(
         model=ModelConfig(depth=2, width=32, head_dim=16, max_seq_len=64),
         data=DataConfig(source="builtin", seq_len=64),
         optim=OptimConfig(peak_lr=3e-3, warmup_steps=5),
-        steps=20, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=10, log_every=1,
-        wandb_mode="offline", name="test")
+        steps=10, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=10, log_every=1,
+        wandb_mode="disabled", name="test")
     return dataclasses.replace(base, **changes)
+
+
+EIGHT = MeshConfig(data=2, fsdp=2, tensor=2)
 
 
 def losses(run_dir) -> list[float]:
@@ -57,18 +61,24 @@ def _cli(workdir, config: TrainConfig, *extra) -> list[str]:
             "--no-progress", *extra]
 
 
-def test_one_device_and_eight_device_mesh_give_the_same_losses(tmp_path, eight_devices):
-    single = train.run(small_config(), tmp_path / "one", show_progress=False, devices=eight_devices[:1])
-    sharded_config = small_config(mesh=MeshConfig(data=2, fsdp=2, tensor=2))
-    sharded = train.run(sharded_config, tmp_path / "eight", show_progress=False, devices=eight_devices)
-    a, b = losses(tmp_path / "one"), losses(tmp_path / "eight")
-    assert len(a) == len(b) == 20
+@pytest.fixture(scope="module")
+def eight_device_run(tmp_path_factory):
+    """``small_config`` trained once over all 8 devices (data, fsdp and tensor 2 each): (run directory, record)."""
+    run_dir = tmp_path_factory.mktemp("eight") / "run"
+    return run_dir, train.run(small_config(mesh=EIGHT), run_dir, show_progress=False, devices=jax.devices()[:8])
+
+
+def test_one_device_and_eight_device_mesh_give_the_same_losses(tmp_path, eight_device_run):
+    single = train.run(small_config(), tmp_path / "one", show_progress=False, devices=jax.devices()[:1])
+    eight_dir, sharded = eight_device_run
+    a, b = losses(tmp_path / "one"), losses(eight_dir)
+    assert len(a) == len(b) == 10
     np.testing.assert_allclose(a, b, rtol=1e-4)
     assert abs(single.final_eval_loss - sharded.final_eval_loss) < 1e-4 * single.final_eval_loss
 
 
 def test_params_are_created_sharded(eight_devices):
-    config = small_config(mesh=MeshConfig(data=2, fsdp=2, tensor=2))
+    config = small_config(mesh=EIGHT)
     mesh = train.mesh_lib.make_mesh(config.mesh, eight_devices)
     program = train.build(config, mesh)
     state = program.init(jax.random.PRNGKey(0))
@@ -83,18 +93,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_processes_reproduce_the_eight_device_run(tmp_path, eight_devices):
-    config = small_config(steps=10, mesh=MeshConfig(data=2, fsdp=2, tensor=2))
-    train.run(config, tmp_path / "single", show_progress=False, devices=eight_devices)
+def test_two_processes_reproduce_the_eight_device_run(tmp_path, eight_device_run):
     port = _free_port()
     workdir = tmp_path / "multi"
-    procs = [subprocess.Popen(_cli(workdir, config, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-                                   "--process-id", str(i)),
+    procs = [subprocess.Popen(_cli(workdir, small_config(mesh=EIGHT), "--coordinator", f"127.0.0.1:{port}",
+                                   "--num-processes", "2", "--process-id", str(i)),
                               cwd=REPO, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     outputs = [proc.communicate(timeout=300)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
-    np.testing.assert_allclose(losses(workdir), losses(tmp_path / "single"), rtol=1e-4)
+    np.testing.assert_allclose(losses(workdir), losses(eight_device_run[0]), rtol=1e-4)
 
 
 PARAM_BYTES = 4 * (12 * 32 * 32 + 2 * 64 * 32 + 64 * 32)  # float32 layer weights, embeddings, positions
