@@ -1,28 +1,12 @@
 """Metric tracking: wandb's offline log, the progress bar's clock, and a resumed tracker's metrics."""
 
-import dataclasses
 import json
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from scaling import train
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-
-def small_config(**changes) -> TrainConfig:
-    base = TrainConfig(
-        model=ModelConfig(depth=2, width=32, head_dim=16, max_seq_len=64),
-        data=DataConfig(source="builtin", seq_len=64),
-        optim=OptimConfig(peak_lr=3e-3, warmup_steps=5),
-        steps=20, batch_size=8, eval_every=0, eval_batches=2, checkpoint_every=10, log_every=1,
-        wandb_mode="offline", name="test")
-    return dataclasses.replace(base, **changes)
-
-
-def losses(run_dir) -> list[float]:
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [row["loss"] for row in rows if "loss" in row]
+import tiny
 
 
 def _wandb_records(path: Path):
@@ -46,13 +30,9 @@ def _wandb_records(path: Path):
             pending += chunk
 
 
-def _wandb_run_ids(run_dir) -> set:
-    return {p.name.rsplit("-", 1)[-1] for p in (Path(run_dir) / "wandb").glob("offline-run-*")}
-
-
 def test_wandb_offline_run_holds_the_loss_history(tmp_path):
-    config = small_config(steps=10, log_every=2, sweep_name="unit-sweep")
-    result = train.run(config, tmp_path / "run", show_progress=False)
+    config = tiny.config(log_every=2, sweep_name="unit-sweep", wandb_mode="offline")
+    result = tiny.run(config, tmp_path / "run")
     run_files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1
     logged, group = [], None
@@ -64,8 +44,8 @@ def test_wandb_offline_run_holds_the_loss_history(tmp_path):
         if record.WhichOneof("record_type") == "run":
             group = record.run.run_group
             assert record.run.run_id == result.wandb_id
-    np.testing.assert_allclose(logged, losses(tmp_path / "run"), rtol=1e-6)
-    assert len(logged) == 5
+    np.testing.assert_allclose(logged, tiny.losses(tmp_path / "run"), rtol=1e-6)
+    assert len(logged) == tiny.STEPS // 2
     assert group == "unit-sweep"
 
 
