@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import tiny
 from scaling import budget
 from sweeps import launch, spec
 from sweeps.spec import Sweep
@@ -13,38 +14,13 @@ from sweeps.spec import Sweep
 REPO = Path(__file__).resolve().parents[1]
 
 
-SWEEP_FILE = '''"""Test sweep {name}.
-
-    python -m sweeps.launch run {path} --workdir WORKDIR
-"""
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeps.spec import Sweep
-
-
-def sweep():
-    base = TrainConfig(
-        model=ModelConfig(head_dim=16, max_seq_len=32),
-        data=DataConfig(source="builtin", seq_len=32),
-        optim=OptimConfig(warmup_steps=2, {optim}),
-        steps={steps}, batch_size=8, eval_every=0, eval_batches=1, checkpoint_every={checkpoint_every},
-        log_every={log_every}, wandb_mode="{wandb}")
-    return Sweep(name="{name}", base=base, {grid}, multiple_of=16)
-'''
-
-
-def write_sweep(tmp_path, name, grid, steps=12, checkpoint_every=6, log_every=3, wandb="disabled",
-                optim="peak_lr=3e-3") -> Path:
-    path = tmp_path / f"{name}.py"
-    path.write_text(SWEEP_FILE.format(name=name, path=path, grid=grid, steps=steps, checkpoint_every=checkpoint_every,
-                                      log_every=log_every, wandb=wandb, optim=optim))
-    return path
+write_sweep = tiny.write_sweep  # (directory, name, grid, ...): a sweep file of the tiny runs
 
 
 def write_sweep_text(grid):
     """The ``sweep`` function of a test sweep file with this grid, without writing the file."""
     namespace = {}
-    exec(SWEEP_FILE.format(name="unit", path="unit.py", grid=grid, steps=12, checkpoint_every=6, log_every=3,
-                           wandb="disabled", optim="peak_lr=3e-3"), namespace)
+    exec(tiny.sweep_text("unit", grid, "unit.py"), namespace)
     return namespace["sweep"]
 
 
