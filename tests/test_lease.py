@@ -97,10 +97,19 @@ def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
     import socket
     import time
 
-    (tmp_path / "lease.json").write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead),
-                                                     "token": "x", "heartbeat": time.time()}))
+    def holder(pid):  # a lease renewed just now, by ``pid`` on this host
+        (tmp_path / "lease.json").write_text(json.dumps({"host": socket.gethostname(), "pid": pid,
+                                                         "token": "x", "heartbeat": time.time()}))
+
+    holder(os.getppid())  # alive (pytest's parent): its fresh lease is respected
+    with pytest.raises(lease.RunBusy, match=f"pid {os.getppid()}"):
+        lease.Lease(tmp_path).acquire()
+    holder(int(dead))  # dead: taken over at once, although its heartbeat is as fresh
     taken = lease.Lease(tmp_path).acquire()
+    held = json.loads((tmp_path / "lease.json").read_text())
+    assert (held["token"], held["pid"]) == (taken.token, os.getpid())
     taken.release()
+    assert not (tmp_path / "lease.json").exists()
 
 
 def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
