@@ -20,7 +20,7 @@ How "create only if absent" is made atomic:
   are the storage's own compare-and-swap, so no lock service is needed.
   A conditional write whose reply was lost is recognised as our own (see
   ``_GcsStore``), and the lease is deleted only at the generation read.
-  Tested against fake-gcs-server (tests/test_bucket.py), not Cloud Storage.
+  Tested against fake-gcs-server (tests/test_lease.py, tests/test_storage_faults.py), not Cloud Storage.
 - other object stores (fsspec ``memory://`` in tests, s3, ...): best effort,
   write then read back the token; a race inside one round trip can still
   let two processes in.

@@ -43,6 +43,16 @@ def eight_devices():
     return devices[:8]
 
 
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory):
+    """``tiny.config()`` trained once, undisturbed, in this process: (run directory, run record).
+    Tests that damage or interrupt a run copy it (``shutil.copytree``) instead of training again."""
+    import tiny
+
+    run_dir = tmp_path_factory.mktemp("tiny-reference") / "run"
+    return run_dir, tiny.run(tiny.config(), run_dir)
+
+
 # ---------------------------------------------------------------------------
 # A local Cloud Storage (fake-gcs-server from the dev extra; see tests/gcs_emulator.py)
 

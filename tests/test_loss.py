@@ -1,4 +1,5 @@
-"""The sliced cross-entropy: the same loss and gradients as whole logits, one gather of the unembedding."""
+"""The loss: masked-LM positions, labels read from two logits, and the sliced cross-entropy (the same loss
+and gradients as whole logits, one gather of the unembedding)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,9 +9,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scaling import mesh as mesh_lib
-from scaling.config import MeshConfig
-from scaling.loss import cross_entropy_sum, slice_positions
-from scaling.model import unembed
+from scaling.config import MeshConfig, ModelConfig
+from scaling.loss import compute_loss, cross_entropy_sum, mask_for_mlm, slice_positions
+from scaling.model import Transformer, init_params, unembed
 from sweeps import hlo
 
 VOCAB, PADDED, WIDTH = 300, 384, 32
@@ -88,3 +89,74 @@ def test_the_unembedding_is_gathered_once_outside_the_slice_loop(eight_devices):
                 in_loops += computation.name in loops
                 outside += computation.name not in loops
     assert (in_loops, outside) == (0, 1)
+
+
+def test_mask_rate_and_loss_ignore_unmasked_positions():
+    rate = 0.15
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (64, 128), 0, 256)
+    masked, targets, weights = mask_for_mlm(jax.random.PRNGKey(1), tokens, None, rate=rate, mask_id=259,
+                                            random_token_limit=256)
+    realised = float(weights.mean())
+    assert abs(realised - rate) < 0.01
+    selected = np.asarray(weights) > 0
+    replaced_by_mask = np.asarray(masked == 259)
+    assert not replaced_by_mask[~selected].any()
+    assert 0.75 < replaced_by_mask[selected].mean() < 0.85
+    np.testing.assert_array_equal(np.asarray(targets), np.asarray(tokens))
+
+    config = ModelConfig(depth=1, width=64, objective="masked", mask_rate=rate)
+    params = init_params(config, jax.random.PRNGKey(0))
+    model = Transformer(config)
+    batch = {"inputs": tokens[:4, :32], "targets": tokens[:4, :32], "weights": jnp.ones((4, 32)),
+             "input_mask": jnp.ones((4, 32))}
+    rng = jax.random.PRNGKey(3)
+    loss, metrics = compute_loss(model, params, batch, rng=rng, mask_id=259, random_token_limit=256)
+    # Changing a target at a position the mask did not select must not change the loss.
+    _, _, chosen = mask_for_mlm(jax.random.split(rng)[0], batch["inputs"], batch["input_mask"], rate=rate,
+                                mask_id=259, random_token_limit=256)
+    assert float(metrics["tokens"]) == float(chosen.sum()) > 0
+    logits = model.apply({"params": params}, mask_for_mlm(jax.random.split(rng)[0], batch["inputs"], batch["input_mask"],
+                                                          rate=rate, mask_id=259, random_token_limit=256)[0])
+    per_position = optax.softmax_cross_entropy_with_integer_labels(logits, batch["inputs"])
+    expected = float((per_position * chosen).sum() / chosen.sum())
+    assert abs(float(loss) - expected) < 1e-5
+    assert abs(float((per_position).mean()) - expected) > 1e-4  # unmasked positions would change it
+
+
+LABELS = (48, 49)  # byte ids of '0' and '1'
+
+
+def _label_batch(length=5, batch=4):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(48, 50, (batch, length)).astype(np.int32)
+    tokens[:, 0] = 259
+    targets = np.zeros((batch, length), np.int32)
+    targets[:, 0] = np.where(rng.random(batch) < 0.5, *LABELS)
+    weights = np.zeros((batch, length), np.float32)
+    weights[:, 0] = 1.0
+    return {"inputs": jnp.asarray(tokens), "targets": jnp.asarray(targets), "weights": jnp.asarray(weights),
+            "input_mask": jnp.ones((batch, length), jnp.float32)}
+
+
+def test_labels_are_read_from_the_two_label_logits_only():
+    config = ModelConfig(depth=1, width=16, num_heads=1, objective="masked", max_seq_len=8)
+    model, batch = Transformer(config), _label_batch()
+    params = init_params(config, jax.random.PRNGKey(0))
+    loss, aux = compute_loss(model, params, batch, label_ids=LABELS)
+    # By hand: binary cross-entropy of the two label logits at CLS.
+    logits = np.asarray(model.apply({"params": params}, batch["inputs"], batch["input_mask"]))[:, 0]
+    pair = logits[:, list(LABELS)]
+    classes = (np.asarray(batch["targets"][:, 0]) == LABELS[1]).astype(int)
+    log_p = pair - np.logaddexp(pair[:, 0], pair[:, 1])[:, None]
+    np.testing.assert_allclose(float(loss), -log_p[np.arange(4), classes].mean(), rtol=1e-5)
+    assert float(aux["correct"]) == (pair.argmax(1) == classes).sum() and float(aux["tokens"]) == 4
+    # Moving any other logit changes nothing; moving a label logit does.
+    unembedding = params["unembedding"]["kernel"]
+    other = jax.tree_util.tree_map(lambda x: x, params)
+    other["unembedding"]["kernel"] = unembedding.at[0, 100].add(50.0).at[1, 259].add(-50.0)
+    np.testing.assert_allclose(float(compute_loss(model, other, batch, label_ids=LABELS)[0]), float(loss), rtol=1e-6)
+    moved = jax.tree_util.tree_map(lambda x: x, params)
+    moved["unembedding"]["kernel"] = unembedding.at[0, LABELS[1]].add(5.0)
+    assert abs(float(compute_loss(model, moved, batch, label_ids=LABELS)[0]) - float(loss)) > 1e-3
+    # Without label_ids the loss is the softmax over the whole vocabulary: other logits count.
+    assert float(compute_loss(model, other, batch)[0]) != pytest.approx(float(compute_loss(model, params, batch)[0]))

@@ -8,6 +8,7 @@ rejected by the TPU compiler in about a second.
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import io
 import json
 import os
@@ -60,8 +61,17 @@ def check(name, config, devices):
 
 
 def test_libtpu_is_found_where_it_is_required():
-    require_libtpu()  # fails in CI if the tpu extra did not install libtpu
-    assert preflight.libtpu_installed()
+    # The preflight's check agrees with what pip installed, whether or not the tpu extra is here...
+    try:
+        importlib.metadata.distribution("libtpu")
+        installed = True
+    except importlib.metadata.PackageNotFoundError:
+        installed = False
+    assert preflight.libtpu_installed() == installed
+    require_libtpu()  # ...fails in CI if the tpu extra did not install libtpu...
+    # ...and what it found is a TPU compiler: it lays out the chips of a slice.
+    found = preflight.topology_devices(preflight.parse_topology(TOPOLOGY))
+    assert len(found) == 4 and {device.platform for device in found} == {"tpu"}
 
 
 @pytest.mark.parametrize("name, chips, kind", [

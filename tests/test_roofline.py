@@ -119,11 +119,20 @@ def test_collectives_use_the_links_of_the_grid_dimensions_their_group_spans():
     assert roofline.link_counter([types.SimpleNamespace()] * 8, chip)([0, 1]) == chip.ici_links  # no coordinates
 
 
-def test_chip_table_covers_four_generations_with_positive_figures():
-    assert set(roofline.CHIPS) == {"v4", "v5e", "v5p", "v6e"}
-    for chip in roofline.CHIPS.values():
-        assert chip.hbm_bytes > 0 and chip.peak_flops > 1e14 and chip.hbm_bandwidth > 5e11
-        assert 1e11 < chip.ici_bandwidth < chip.hbm_bandwidth
+def test_chip_table_holds_the_documented_figures_of_four_generations():
+    # The Cloud TPU documentation's per-chip figures (one page per generation, cited in sweeps/roofline.py),
+    # in the cost model's units: HBM in GiB, bf16 FLOP/s, HBM bytes/s, ICI bytes/s in one direction (Gbps / 8).
+    documented = {"v4": (32, 275e12, 1200e9, 2400e9 / 8, 3), "v5e": (16, 197e12, 819e9, 1600e9 / 8, 2),
+                  "v5p": (95, 459e12, 2765e9, 4800e9 / 8, 3), "v6e": (32, 918e12, 1640e9, 3200e9 / 8, 2)}
+    assert set(roofline.CHIPS) == set(documented)
+    for name, (gib, flops, hbm, ici, dims) in documented.items():
+        chip = roofline.CHIPS[name]
+        assert (chip.hbm_bytes, chip.peak_flops, chip.hbm_bandwidth, chip.ici_bandwidth) == (
+            gib * 2**30, flops, hbm, ici), name
+        assert (chip.dims, chip.ici_links) == (dims, 2 * dims), name  # a neighbour each side of each dimension
+    # Accelerator types count TensorCores: a v4 or v5p chip has two (v4-32 is 16 chips), v5e and v6e one.
+    assert {name: f"{chip.accelerator_prefix}{16 * chip.cores_per_chip}" for name, chip in roofline.CHIPS.items()} == {
+        "v4": "v4-32", "v5e": "v5litepod-16", "v5p": "v5p-32", "v6e": "v6e-16"}
 
 
 def test_sweep_time_in_chip_hours_and_busiest_host():

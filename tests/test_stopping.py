@@ -1,14 +1,143 @@
-"""Stopping: one ``Stop`` per process, shared by the sweep launcher and every run it trains."""
+"""Interrupted runs: a SIGKILL then a restart, SIGTERM (preemption) and Ctrl-C, each resumed exactly.
 
+Each interrupted trainer is a process of its own (``tests/pause.py``), paused after it logs a chosen
+step so that the signal lands there however fast the machine is.
+"""
+
+import dataclasses
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 
 import pytest
 
+import tiny
 from scaling import records, train
 from scaling.stopping import PREEMPTED_EXIT_CODE, Stop
 from sweeps import launch
+
+
+def _final_params(run_dir):
+    manager = ocp.CheckpointManager(Path(run_dir) / "checkpoints", item_names=("state", "meta"))
+    step = manager.latest_step()
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return step, restored["state"]["params"]
+
+
+def _wandb_run_ids(run_dir) -> set:
+    return {p.name.rsplit("-", 1)[-1] for p in (Path(run_dir) / "wandb").glob("offline-run-*")}
+
+
+def _paused_run(tmp_path, config, pause_step: int, **popen):
+    """A trainer process into ``tmp_path/run``, paused after it logs ``pause_step``: (process, pause file)."""
+    pause = tmp_path / "paused"
+    command = tiny.train_command(config, tmp_path / "run", tmp_path / "config.json", pause_file=pause,
+                                 pause_step=pause_step)
+    proc = subprocess.Popen(command, cwd=tmp_path, env=tiny.env(), stdout=subprocess.PIPE, text=True, **popen)
+    tiny.wait_for(pause.exists, 300, proc)
+    return proc, pause
+
+
+def test_sigkill_then_restart_matches_an_uninterrupted_run(tmp_path):
+    config = tiny.config(eval_every=tiny.CHECKPOINT_EVERY, wandb_mode="offline")
+    # The reference runs in the same kind of process as the killed run (one CPU device).
+    reference_dir = tmp_path / "reference"
+    reference_cli = tiny.train_command(dataclasses.replace(config, wandb_mode="disabled"), reference_dir,
+                                       tmp_path / "reference.json")
+    subprocess.run(reference_cli, env=tiny.env(), check=True, capture_output=True)
+    reference = json.loads((reference_dir / "result.json").read_text())
+    # Killed once rows past the checkpoint of step 4 are on disk, so the resume must cut them.
+    proc, _ = _paused_run(tmp_path, config, pause_step=6, stderr=subprocess.STDOUT, start_new_session=True)
+    workdir = tmp_path / "run"
+    tiny.wait_for(lambda: (workdir / "checkpoints" / "4").exists(), 120, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # like a machine dying: the trainer and its helpers
+    proc.wait()
+    assert not (workdir / "result.json").exists()
+    assert max(tiny.metric_steps(workdir)) > 4 and not (workdir / "checkpoints" / str(tiny.STEPS)).exists()
+    restarted = subprocess.run(tiny.train_command(config, workdir, tmp_path / "config.json"), env=tiny.env(),
+                               capture_output=True, text=True)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    resumed = json.loads((workdir / "result.json").read_text())
+    assert resumed["final_eval_loss"] == reference["final_eval_loss"]  # bitwise on CPU
+    step_a, params_a = _final_params(reference_dir)
+    step_b, params_b = _final_params(workdir)
+    assert step_a == step_b == tiny.STEPS
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
+    assert _wandb_run_ids(workdir) == {resumed["wandb_id"]}  # the restart continued the same wandb run
+    steps = tiny.metric_steps(workdir)
+    assert steps == tiny.metric_steps(reference_dir) and len(steps) == len(set(steps))  # one row per step
+
+
+def test_sigterm_saves_and_exits_then_resumes(tmp_path):
+    config = tiny.config(checkpoint_every=1000, wandb_mode="offline")
+    proc, pause = _paused_run(tmp_path, config, pause_step=2, stderr=subprocess.STDOUT)
+    workdir = tmp_path / "run"
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    pause.unlink()
+    out = proc.communicate(timeout=60)[0]
+    assert time.time() - sent < 30
+    assert proc.returncode == PREEMPTED_EXIT_CODE, out
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(saved) == 1 and 0 < saved[0] < tiny.STEPS
+    wandb_id_before = _wandb_run_ids(workdir)
+    finished = subprocess.run(tiny.train_command(config, workdir, tmp_path / "config.json"), env=tiny.env(),
+                              capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    steps_logged = [row["step"] for row in rows if "loss" in row]
+    # the resumed process starts right after the saved step: no step is logged twice
+    assert len(steps_logged) == len(set(steps_logged))
+    assert min(s for s in steps_logged if s > saved[0]) == saved[0] + 1
+    assert json.loads((workdir / "result.json").read_text())["steps"] == tiny.STEPS
+    assert _wandb_run_ids(workdir) == wandb_id_before  # one wandb id across the restart
+
+
+def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
+    config = tiny.config(checkpoint_every=1000)
+    proc, pause = _paused_run(tmp_path, config, pause_step=2, stderr=subprocess.PIPE)
+    workdir = tmp_path / "run"
+    proc.send_signal(signal.SIGINT)
+    pause.unlink()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    [line] = [line for line in err.splitlines() if "stopped by" in line]
+    assert line.startswith("stopped by SIGINT after step ") and line.endswith("checkpoint saved")
+    record = json.loads((workdir / "result.json").read_text())
+    assert record["status"] == "stopped" and record["error"] == line  # resumable, not failed
+    saved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1
+
+    # Two presses: the first asks for a checkpoint, the second exits at once. (Two signals sent back to
+    # back reach Python's handler as one, so they are sent from inside, a moment apart.)
+    code = textwrap.dedent("""
+        import os, signal, time
+        from scaling.stopping import Stop
+        stop = Stop()
+        with stop.listening():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+            print("asked to stop:", stop.requested, stop.signal, flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+            print("still running", flush=True)
+    """)
+    sent = time.time()
+    twice = subprocess.run([sys.executable, "-c", code], env=tiny.env(), capture_output=True, text=True,
+                           timeout=60)
+    assert twice.returncode == 130 and time.time() - sent < 25, twice.stderr
+    assert twice.stdout == "asked to stop: True SIGINT\n" and "interrupted again: exiting now" in twice.stderr
+
 
 SWEEP = '''"""Two tiny runs."""
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig

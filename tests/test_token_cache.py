@@ -2,7 +2,7 @@
 only the cache (no source, no hub, only a process's own rows), refusing a
 missing, incomplete, damaged or mismatched cache.
 
-Training from a cache on gs:// is in test_remote_paths.py (one training run
+Training from a cache on gs:// is in test_storage.py (one training run
 serves both)."""
 
 import dataclasses
@@ -13,12 +13,14 @@ import re
 import shlex
 import subprocess
 import sys
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
+from gcs_emulator import FaultProxy
 from scaling import corpus, data, token_cache
 from scaling.config import DataConfig
 
@@ -218,3 +220,38 @@ def test_the_paper_sweep_and_readme_cache_the_corpus_the_sweep_trains_on():
         args = data._parser().parse_args([word.replace("$BUCKET", "gs://b") for word in words])
         built_for = data._config_from_args(args)
         assert token_cache.describe_source(built_for) == token_cache.describe_source(paper.sweep().base.data)
+
+
+def test_the_token_cache_fetches_a_steps_rows_in_a_few_requests(gcs, gcs_emulator, tmp_path, monkeypatch):
+    from scaling import data, storage
+
+    proxy = FaultProxy(gcs_emulator.url)  # counts the requests that reach the storage
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        storage.use_emulator()
+        local = DataConfig(source="builtin", seq_len=64)
+        token_cache.build_cache(local, f"{gcs}/tokens", documents_per_shard=1500)
+        config = DataConfig(source="builtin", seq_len=64, cache_dir=f"{gcs}/tokens")
+        pipeline, reference = data.build(config), data.build(local)
+        shards = len(pipeline.train_tokens.paths)
+        assert shards >= 2
+
+        def token_gets() -> int:
+            return sum(1 for method, path in proxy.requests if method == "GET" and "alt=media" in path
+                       and "tokens/train-" in unquote(path))
+
+        per_step = []
+        for step in range(20):
+            before = token_gets()
+            rows = pipeline.train_batch(0, step, 16, process_index=1, process_count=2)
+            per_step.append(token_gets() - before)
+            expected = reference.train_batch(0, step, 16, process_index=1, process_count=2)
+            for key in expected:
+                np.testing.assert_array_equal(rows[key], expected[key])
+        # 8 windows a step, spread over the split (one range request each before): now each shard is
+        # fetched whole once, then read locally, so 20 steps cost at most one request per shard.
+        assert 1 <= sum(per_step) <= shards and sum(per_step) / len(per_step) <= 0.25, per_step
+        assert sorted(p.name for p in (tmp_path / "xdg" / "scaling-data" / "copies").rglob("train-*.npy"))
+    finally:
+        proxy.close()

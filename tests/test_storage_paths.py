@@ -10,19 +10,18 @@ may land on the local disk (the fixture checks).
 import dataclasses
 import json
 import os
+from pathlib import Path
 
-import jax
 import pytest
 from etils import epath
 
+import tiny
 from analysis.results import load_runs
 from scaling import corpus, data, records, token_cache, train
-from scaling.config import DataConfig, ModelConfig, TrainConfig
+from scaling.config import DataConfig
 from scaling.metrics_log import read_metrics
 from scaling.track import Tracker
 from sweeps import launch, spec
-
-from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,7 +68,7 @@ def test_a_run_trains_from_a_gs_token_cache_alone_and_writes_its_records_to_gs(g
                               for i in range(80)))
     from_file = DataConfig(source="local", paths=(str(source),), seq_len=32, validation_fraction=0.1)
     before = data.build(from_file)
-    expected = {step: data.batch_digest(before.train_batch(0, step, 4)) for step in range(4)}
+    expected = {step: data.batch_digest(before.train_batch(0, step, 8)) for step in range(tiny.STEPS)}
     data.main(token_cache.cache_command(from_file, f"{gcs}/tokens").split()[3:]
               + ["--quiet", "--shard-documents", "20"])
     assert {"tokens/metadata.json", "tokens/train-00001.npy"} <= keys(gcs)
@@ -79,24 +78,21 @@ def test_a_run_trains_from_a_gs_token_cache_alone_and_writes_its_records_to_gs(g
     monkeypatch.setattr(corpus, "load_documents", lambda *a, **k: pytest.fail("the corpus source was read"))
     seen = spy_on_training_batches(monkeypatch)
 
-    config = TrainConfig(model=ModelConfig(depth=1, width=32, head_dim=16, max_seq_len=32),
-                         data=dataclasses.replace(from_file, cache_dir=f"{gcs}/tokens"), steps=4, batch_size=4,
-                         eval_every=0, eval_batches=1, checkpoint_every=2, log_every=2, wandb_mode="disabled",
-                         name="remote")
+    config = tiny.config(data=dataclasses.replace(from_file, cache_dir=f"{gcs}/tokens"), log_every=2, name="remote")
     workdir = f"{gcs}/sweep/remote"
-    result = train.run(config, workdir, show_progress=False, devices=jax.devices()[:1])
+    result = tiny.run(config, workdir)
 
     assert result.status == "finished"
-    assert {step: seen[step] for step in range(4)} == expected
+    assert {step: seen[step] for step in range(tiny.STEPS)} == expected
     assert result.data_fingerprint == before.fingerprint
     assert not os.path.exists(source)
     stored = keys(gcs)
     assert {"sweep/remote/config.json", "sweep/remote/result.json"} <= stored
-    assert {"sweep/remote/checkpoints/2/state/_METADATA", "sweep/remote/checkpoints/4/meta/metadata"} <= stored
+    assert {"sweep/remote/checkpoints/4/state/_METADATA", "sweep/remote/checkpoints/8/meta/metadata"} <= stored
     assert not any(key.endswith(".tmp") or "lease" in key for key in stored)  # written whole; lease released
     assert json.loads(text(gcs, "sweep/remote/config.json"))["name"] == "remote"
     steps = [row["step"] for row in read_metrics(workdir)]
-    assert steps == sorted(set(steps)) and 2 in steps and 4 in steps
+    assert steps == sorted(set(steps)) and 2 in steps and tiny.STEPS in steps
     assert any(key.startswith("sweep/remote/metrics/") for key in stored)  # one object per flush
     assert records.read_record(workdir) == result
     assert train.run(config, workdir, show_progress=False) == result  # finished: read back, not retrained

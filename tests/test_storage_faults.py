@@ -1,0 +1,174 @@
+"""The faults a bucket brings, against a local Cloud Storage emulator behind a fault-injecting proxy.
+
+Every process here finds storage through ``STORAGE_EMULATOR_HOST`` alone
+(``gcs_emulator.emulator_env`` removes what the project derives from it) and runs in an empty local
+directory that must stay empty. Faults: a conditional write whose reply is lost, the storage
+unreachable for a few seconds, storage that stops answering, SIGTERM during a hung write. Each
+trainer pauses at a known step (``tests/pause.py``) while the test breaks the storage.
+"""
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+
+import tiny
+from gcs_emulator import FaultProxy, emulator_env
+from scaling import lease, records
+from scaling.metrics_log import read_metrics
+from scaling.stopping import PREEMPTED_EXIT_CODE
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def env_for(url: str, tmp_path, **extra) -> dict:
+    """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
+    env = emulator_env(url)
+    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def keys(prefix: str) -> set[str]:
+    """Object names under ``prefix`` (a gs:// URL), relative to it."""
+    fs, root = fsspec.core.url_to_fs(prefix)
+    fs.invalidate_cache()
+    return {name[len(root) + 1:] for name in fs.find(root)}
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
+                   and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})
+
+
+def metric_steps(run_dir: str) -> list[int]:
+    fs, _ = fsspec.core.url_to_fs(run_dir)
+    fs.invalidate_cache()
+    return [row["step"] for row in read_metrics(run_dir)]
+
+
+def test_a_lease_write_whose_reply_is_lost_is_recognised_as_our_own(gcs, gcs_emulator, monkeypatch):
+    # The proxy passes the conditional upload to the emulator, which stores it, then drops the reply;
+    # google-cloud-storage retries it and gets 412 (the object exists now / its generation moved on).
+    proxy = FaultProxy(gcs_emulator.url)
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)  # read by the lease's storage client
+        is_upload = lambda method, path: method == "POST" and "/upload/" in path  # noqa: E731
+        run = f"{gcs}/sweep/run"
+        proxy.drop_reply(is_upload)
+        holder = lease.Lease(run, heartbeat_seconds=3600).acquire()  # create: if_generation_match=0
+        assert len(proxy.dropped) == 1 and holder.holder()["token"] == holder.token
+        found = holder._store.read(holder.path)
+        proxy.drop_reply(is_upload)
+        assert holder._store.renew(holder.path, found[1], holder._content())  # renew: the generation read
+        assert len(proxy.dropped) == 2 and holder.still_held()
+        uploads = [r for r in proxy.requests if is_upload(*r)]
+        assert len(uploads) == 4  # each write sent twice: the retry met the precondition failure
+        with pytest.raises(lease.RunBusy):  # a write of another process is still refused
+            lease.Lease(run).acquire()
+        holder.release()
+        assert holder._store.read(holder.path) is None
+    finally:
+        proxy.close()
+
+
+def _paused_run(config, run_dir: str, tmp_path, env, pause_step: int, **popen):
+    """A trainer process into ``run_dir``, paused after it logs ``pause_step``: (process, pause file)."""
+    pause = tmp_path / "paused"
+    command = tiny.train_command(config, run_dir, tmp_path / "config.json", pause_file=pause,
+                                 pause_step=pause_step)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, **popen)
+    tiny.wait_for(pause.exists, 300, proc)
+    return proc, pause
+
+
+def test_storage_unreachable_for_a_few_seconds_mid_run_is_retried_not_fatal(gcs, gcs_emulator, tmp_path):
+    # Storage goes away for 3 s mid-run (every connection closed unanswered, as while a server restarts),
+    # hitting the metrics objects, checkpoint writes and listings; every client retries.
+    # (Restarting fake-gcs-server itself is no test of that: it forgets its resumable upload sessions,
+    # which Cloud Storage keeps for a week, so gcsfs's retried chunk meets 404.)
+    proxy = FaultProxy(gcs_emulator.url)
+    try:
+        run_dir = f"{gcs}/outage"
+        proc, pause = _paused_run(tiny.config(), run_dir, tmp_path, env_for(proxy.url, tmp_path), pause_step=5,
+                                  stderr=subprocess.STDOUT)
+        try:
+            proxy.unreachable = True
+            pause.unlink()  # the rest of the run meets the outage
+            time.sleep(3)
+            proxy.unreachable = False
+            out = proc.communicate(timeout=400)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proxy.refused > 0  # it was trying to reach the storage during the outage
+        assert proc.returncode == 0, out[-3000:]
+        record = records.read_record(run_dir)
+        assert record.status == "finished" and record.steps == tiny.STEPS
+        assert metric_steps(run_dir) == list(range(tiny.STEPS + 1))
+    finally:
+        proxy.close()
+
+
+def _hanging_checkpoints(proxy: FaultProxy, run_dir: str):
+    """Make the proxy hold every request for the run's checkpoint objects (JSON API or upload)."""
+    bucket, _, prefix = run_dir[len("gs://"):].partition("/")
+    marker = f"{prefix}/checkpoints/"
+
+    proxy.hang_when = lambda method, path: marker in path
+
+
+# A checkpoint every 2 steps: the storage stops answering after step 2's, so step 4's hangs.
+HANGING = dict(checkpoint_every=2)
+
+
+def test_storage_that_stops_answering_fails_the_checkpoint_in_bounded_time(gcs, gcs_emulator, tmp_path):
+    limit = 5
+    proxy = FaultProxy(gcs_emulator.url)
+    try:
+        env = env_for(proxy.url, tmp_path, SCALING_CHECKPOINT_TIMEOUT_SECONDS=str(limit))
+        run_dir = f"{gcs}/unreachable"
+        proc, pause = _paused_run(tiny.config(**HANGING), run_dir, tmp_path, env, pause_step=3,
+                                  stderr=subprocess.PIPE)
+        tiny.wait_for(lambda: checkpoint_steps(run_dir) == [2], 120, proc)
+        _hanging_checkpoints(proxy, run_dir)
+        pause.unlink()
+        hung = time.time()
+        out, err = proc.communicate(timeout=120)
+        assert time.time() - hung < limit + 60  # the limit, the steps to the next checkpoint, the exit
+        assert proc.returncode == 1, err[-3000:]
+        lines = [line for line in err.splitlines() if line.startswith("error")]
+        assert "Traceback" not in err and len(lines) == 1, err
+        assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint of step 4"), err
+        assert f"{run_dir}/checkpoints" in lines[0] and f"not finished after {limit} s" in lines[0]
+        assert records.read_record(run_dir).status == "failed"
+    finally:
+        proxy.close()
+
+
+def test_sigterm_during_a_hung_checkpoint_write_still_ends_the_run(gcs, gcs_emulator, tmp_path):
+    proxy = FaultProxy(gcs_emulator.url)
+    try:
+        env = env_for(proxy.url, tmp_path, SCALING_CHECKPOINT_TIMEOUT_SECONDS="3600")
+        run_dir = f"{gcs}/hung"
+        proc, pause = _paused_run(tiny.config(**HANGING), run_dir, tmp_path, env, pause_step=3,
+                                  stderr=subprocess.PIPE)
+        tiny.wait_for(lambda: checkpoint_steps(run_dir) == [2], 120, proc)
+        _hanging_checkpoints(proxy, run_dir)
+        pause.unlink()
+        tiny.wait_for(lambda: proxy.held > 0, 120, proc)  # the next checkpoint's write is hanging now
+        time.sleep(1)
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert time.time() - sent < 30
+        assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+        assert "stopped by SIGTERM while waiting for a write that storage did not finish" in err
+        record = records.read_record(run_dir)
+        assert record.status == "stopped" and checkpoint_steps(run_dir) == [2]
+    finally:
+        proxy.close()

@@ -1,0 +1,84 @@
+"""Metric tracking: wandb's offline log, the progress bar's clock, and a resumed tracker's metrics."""
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+import tiny
+
+
+def _wandb_records(path: Path):
+    """Records of a wandb transaction log (leveldb-style 32 KiB blocks of CRC/length/type-framed chunks)."""
+    from wandb.proto import wandb_internal_pb2
+
+    raw, position, block, pending = path.read_bytes(), 7, 32768, b""
+    while position + 7 <= len(raw):
+        if block - position % block < 7:
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[position:position + 7])
+        chunk = raw[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending + chunk)
+            pending = b""
+            yield record
+        elif kind in (2, 3):
+            pending += chunk
+
+
+def test_wandb_offline_run_holds_the_loss_history(tmp_path):
+    config = tiny.config(log_every=2, sweep_name="unit-sweep", wandb_mode="offline")
+    result = tiny.run(config, tmp_path / "run")
+    run_files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(run_files) == 1
+    logged, group = [], None
+    for record in _wandb_records(run_files[0]):
+        if record.WhichOneof("record_type") == "history":
+            values = {"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
+            if "loss" in values:
+                logged.append(float(values["loss"]))
+        if record.WhichOneof("record_type") == "run":
+            group = record.run.run_group
+            assert record.run.run_id == result.wandb_id
+    np.testing.assert_allclose(logged, tiny.losses(tmp_path / "run"), rtol=1e-6)
+    assert len(logged) == tiny.STEPS // 2
+    assert group == "unit-sweep"
+
+
+def test_the_progress_bar_clock_starts_after_compilation(tmp_path, capsys):
+    import time
+
+    from scaling.track import Tracker
+
+    tracker = Tracker(tmp_path, total_steps=100, start_step=40, config={}, name="eta", mode="disabled",
+                      show_progress=True, keep_until_step=40)
+    opened = tracker.bar.start_t
+    assert tracker.bar.postfix == "compiling"
+    time.sleep(0.05)  # stands in for compilation
+    tracker.advance()
+    assert tracker.bar.start_t > opened  # the ETA is measured from the first trained step
+    assert tracker.bar.n == 41 and "compiling" not in (tracker.bar.postfix or "")
+    tracker.close()
+    shown = capsys.readouterr().err
+    # a resumed run never shows a count below where it resumed, nor a negative rate
+    assert " 0/100" not in shown and "-" not in shown.replace("eta", "")
+
+
+def test_a_resumed_tracker_merges_into_the_restored_step(tmp_path):
+    from scaling.track import Tracker
+
+    rows = [{"step": s, "loss": 5.0 - s / 10} for s in range(0, 35, 5)]  # a segment that reached step 30
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3')
+    tracker = Tracker(tmp_path, total_steps=40, start_step=20, config={}, name="t", mode="disabled",
+                      show_progress=False, keep_until_step=20)
+    assert tracker.pending(20) == {"loss": 3.0}
+    tracker.log(20, {"eval_loss": 2.5})
+    tracker.log(25, {"loss": 2.9})
+    tracker.close()
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in written] == [0, 5, 10, 15, 20, 25]
+    assert written[4] == {"step": 20, "loss": 3.0, "eval_loss": 2.5}
