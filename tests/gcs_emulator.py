@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -206,3 +207,33 @@ def emulator_env(url: str, base=None) -> dict:
         env.pop(name, None)
     env["STORAGE_EMULATOR_HOST"] = url
     return env
+
+
+# ---------------------------------------------------------------------------
+# Helpers for tests that train against the emulator
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def env_for(url: str, tmp_path, **extra) -> dict:
+    """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
+    env = emulator_env(url)
+    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def keys(prefix: str) -> set[str]:
+    """Object names under ``prefix`` (a gs:// URL), relative to it."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(prefix)
+    fs.invalidate_cache()
+    return {name[len(root) + 1:] for name in fs.find(root)}
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """The steps of the committed checkpoints under ``run_dir`` (a gs:// URL)."""
+    return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
+                   and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})

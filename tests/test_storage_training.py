@@ -21,34 +21,13 @@ import pytest
 from etils import epath
 
 import tiny
-from gcs_emulator import emulator_env
+from gcs_emulator import checkpoint_steps, env_for, keys
 from scaling import data, records, storage, token_cache
 from scaling.config import DataConfig
 from scaling.metrics_log import read_metrics
 from sweeps import launch
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def env_for(url: str, tmp_path, **extra) -> dict:
-    """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
-    env = emulator_env(url)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO),
-               XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra)
-    env.pop("XLA_FLAGS", None)
-    return env
-
-
-def keys(prefix: str) -> set[str]:
-    """Object names under ``prefix`` (a gs:// URL), relative to it."""
-    fs, root = fsspec.core.url_to_fs(prefix)
-    fs.invalidate_cache()
-    return {name[len(root) + 1:] for name in fs.find(root)}
-
-
-def checkpoint_steps(run_dir: str) -> list[int]:
-    return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
-                   and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})
 
 
 def logged_through(run_dir: str) -> int:
