@@ -8,7 +8,6 @@ read from the compiled CPU program with ``sweeps.roofline.collective_traffic``.
 import contextlib
 import dataclasses
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
+import tiny
 from scaling import mesh as mesh_lib, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
 from scaling.model import RESIDUAL
@@ -45,13 +45,6 @@ EIGHT = MeshConfig(data=2, fsdp=2, tensor=2)
 def losses(run_dir) -> list[float]:
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return [row["loss"] for row in rows if "loss" in row]
-
-
-def _env(devices: int) -> dict:
-    env = dict(os.environ)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    return env
 
 
 def _cli(workdir, config: TrainConfig, *extra) -> list[str]:
@@ -98,7 +91,7 @@ def test_two_processes_reproduce_the_eight_device_run(tmp_path, eight_device_run
     workdir = tmp_path / "multi"
     procs = [subprocess.Popen(_cli(workdir, small_config(mesh=EIGHT), "--coordinator", f"127.0.0.1:{port}",
                                    "--num-processes", "2", "--process-id", str(i)),
-                              cwd=REPO, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              cwd=REPO, env=tiny.env(devices=4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     outputs = [proc.communicate(timeout=300)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs

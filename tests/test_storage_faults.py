@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 def env_for(url: str, tmp_path, **extra) -> dict:
     """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
     env = emulator_env(url)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO),
-               XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra)
-    env.pop("XLA_FLAGS", None)
+    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO), XLA_FLAGS=tiny.xla_flags(),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env.update(extra)
     return env
 
 

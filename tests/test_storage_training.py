@@ -33,9 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 def env_for(url: str, tmp_path, **extra) -> dict:
     """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
     env = emulator_env(url)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO),
-               XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra)
-    env.pop("XLA_FLAGS", None)
+    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO), XLA_FLAGS=tiny.xla_flags(),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env.update(extra)
     return env
 
 
@@ -247,7 +247,7 @@ def test_two_processes_agree_on_the_checkpoint_to_resume_from(gcs, gcs_emulator,
     # The run to resume: one written by a single process (restoring reshards it for the two).
     config, run_dir = tiny.config(), f"{gcs}/pod"
     copy_run(gs_reference[0], run_dir)
-    env = env_for(gcs_emulator.url, tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = env_for(gcs_emulator.url, tmp_path, XLA_FLAGS=tiny.xla_flags(devices=1))
     epath.Path(f"{run_dir}/result.json").unlink()
     fs, root = fsspec.core.url_to_fs(f"{run_dir}/checkpoints/8")
     for name in [n for n in fs.find(root) if "/state/" in n and "/d/" in n]:  # step 8 damaged for everyone
