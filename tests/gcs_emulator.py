@@ -206,3 +206,33 @@ def emulator_env(url: str, base=None) -> dict:
         env.pop(name, None)
     env["STORAGE_EMULATOR_HOST"] = url
     return env
+
+
+# ---------------------------------------------------------------------------
+# What a test reads back from the bucket
+
+
+def keys(prefix: str) -> set[str]:
+    """Object names under ``prefix`` (a gs:// URL), relative to it, listed afresh."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(prefix)
+    fs.invalidate_cache()
+    return {name[len(root) + 1:] for name in fs.find(root)}
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """The steps of the run's committed checkpoints (those with orbax's commit_success.txt)."""
+    return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
+                   and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})
+
+
+def metric_steps(run_dir: str) -> list[int]:
+    """The step of every row of the run's metrics log, read afresh."""
+    import fsspec
+
+    from scaling.track import read_metrics
+
+    fs, _ = fsspec.core.url_to_fs(run_dir)
+    fs.invalidate_cache()
+    return [row["step"] for row in read_metrics(run_dir)]

@@ -10,44 +10,17 @@ trainer pauses at a known step (``tests/pause.py``) while the test breaks the st
 import signal
 import subprocess
 import time
-from pathlib import Path
 
-import fsspec
 import pytest
 
 import tiny
-from gcs_emulator import FaultProxy, emulator_env
+from gcs_emulator import FaultProxy, checkpoint_steps, emulator_env, metric_steps
 from scaling import lease, records, train
-from scaling.track import read_metrics
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def env_for(url: str, tmp_path, **extra) -> dict:
     """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
-    env = emulator_env(url)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO), XLA_FLAGS=tiny.xla_flags(),
-               XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    env.update(extra)
-    return env
-
-
-def keys(prefix: str) -> set[str]:
-    """Object names under ``prefix`` (a gs:// URL), relative to it."""
-    fs, root = fsspec.core.url_to_fs(prefix)
-    fs.invalidate_cache()
-    return {name[len(root) + 1:] for name in fs.find(root)}
-
-
-def checkpoint_steps(run_dir: str) -> list[int]:
-    return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
-                   and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})
-
-
-def metric_steps(run_dir: str) -> list[int]:
-    fs, _ = fsspec.core.url_to_fs(run_dir)
-    fs.invalidate_cache()
-    return [row["step"] for row in read_metrics(run_dir)]
+    return emulator_env(url, tiny.env(WANDB_MODE="disabled", XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra))
 
 
 def test_a_lease_write_whose_reply_is_lost_is_recognised_as_our_own(gcs, gcs_emulator, monkeypatch):

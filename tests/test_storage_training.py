@@ -21,10 +21,9 @@ import pytest
 from etils import epath
 
 import tiny
-from gcs_emulator import emulator_env
+from gcs_emulator import checkpoint_steps, emulator_env, keys, metric_steps
 from scaling import data, records, storage, token_cache
 from scaling.config import DataConfig
-from scaling.track import read_metrics
 from sweeps import launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,35 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def env_for(url: str, tmp_path, **extra) -> dict:
     """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
-    env = emulator_env(url)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO), XLA_FLAGS=tiny.xla_flags(),
-               XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    env.update(extra)
-    return env
-
-
-def keys(prefix: str) -> set[str]:
-    """Object names under ``prefix`` (a gs:// URL), relative to it."""
-    fs, root = fsspec.core.url_to_fs(prefix)
-    fs.invalidate_cache()
-    return {name[len(root) + 1:] for name in fs.find(root)}
-
-
-def checkpoint_steps(run_dir: str) -> list[int]:
-    return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
-                   and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})
+    return emulator_env(url, tiny.env(WANDB_MODE="disabled", XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra))
 
 
 def logged_through(run_dir: str) -> int:
     """The last step in the run's metrics objects, from one listing (0 if none yet)."""
     names = [key for key in keys(run_dir) if key.startswith("metrics/")] if epath.Path(run_dir).exists() else []
     return max((int(key.rsplit("-", 1)[1].split(".")[0]) for key in names), default=0)
-
-
-def metric_steps(run_dir: str) -> list[int]:
-    fs, _ = fsspec.core.url_to_fs(run_dir)
-    fs.invalidate_cache()
-    return [row["step"] for row in read_metrics(run_dir)]
 
 
 def copy_run(source: str, destination: str) -> None:
@@ -247,7 +224,7 @@ def test_two_processes_agree_on_the_checkpoint_to_resume_from(gcs, gcs_emulator,
     # The run to resume: one written by a single process (restoring reshards it for the two).
     config, run_dir = tiny.config(), f"{gcs}/pod"
     copy_run(gs_reference[0], run_dir)
-    env = env_for(gcs_emulator.url, tmp_path, XLA_FLAGS=tiny.xla_flags(devices=1))
+    env = env_for(gcs_emulator.url, tmp_path, devices=1)
     epath.Path(f"{run_dir}/result.json").unlink()
     fs, root = fsspec.core.url_to_fs(f"{run_dir}/checkpoints/8")
     for name in [n for n in fs.find(root) if "/state/" in n and "/d/" in n]:  # step 8 damaged for everyone
