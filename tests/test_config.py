@@ -4,6 +4,7 @@ import pytest
 
 from scaling.config import ModelConfig, TrainConfig, config_id, override
 
+
 def test_overrides_are_typed_and_validated():
     config = override(TrainConfig(), ["model.depth=4", "optim.peak_lr=1e-3", "model.scan_layers=false",
                                       "data.paths=a.txt,b.txt"])

@@ -110,6 +110,11 @@ def metric_steps(run_dir) -> list[int]:
     return [row["step"] for row in read_metrics(run_dir)]
 
 
+def run_dirs(workdir, sweep: str = "mini") -> list[Path]:
+    """The run directories of sweep ``sweep`` under ``workdir`` (local), in name order."""
+    return sorted(p for p in (Path(workdir) / sweep).iterdir() if p.is_dir() and p.name != "wandb")
+
+
 def losses(run_dir) -> list[float]:
     """The training loss of every row that has one."""
     return [row["loss"] for row in read_metrics(run_dir) if "loss" in row]
