@@ -29,6 +29,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
+# XLA's CPU backend spends most of a compile in LLVM's optimisation passes, which buy nothing for
+# programs this small and short-lived: the tests compile at -O0, about half the compile time. The
+# subprocesses inherit the flag (tests/tiny.py keeps it when it sets their device count).
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

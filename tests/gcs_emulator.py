@@ -28,7 +28,6 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 
 def free_port() -> int:
@@ -210,22 +209,18 @@ def emulator_env(url: str, base=None) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# Helpers for tests that train against the emulator
-
-REPO = Path(__file__).resolve().parents[1]
+# Helpers for tests that train against the emulator and read the bucket back
 
 
 def env_for(url: str, tmp_path, **extra) -> dict:
     """A child's environment: storage at ``url`` (STORAGE_EMULATOR_HOST only), CPU, no wandb."""
-    env = emulator_env(url)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="disabled", PYTHONPATH=str(REPO),
-               XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra)
-    env.pop("XLA_FLAGS", None)
-    return env
+    import tiny
+
+    return emulator_env(url, tiny.env(WANDB_MODE="disabled", XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra))
 
 
 def keys(prefix: str) -> set[str]:
-    """Object names under ``prefix`` (a gs:// URL), relative to it."""
+    """Object names under ``prefix`` (a gs:// URL), relative to it, listed afresh."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(prefix)
@@ -234,6 +229,17 @@ def keys(prefix: str) -> set[str]:
 
 
 def checkpoint_steps(run_dir: str) -> list[int]:
-    """The steps of the committed checkpoints under ``run_dir`` (a gs:// URL)."""
+    """The steps of the run's committed checkpoints (those with orbax's commit_success.txt)."""
     return sorted({int(key.split("/")[1]) for key in keys(run_dir) if key.startswith("checkpoints/")
                    and key.split("/")[1].isdigit() and key.endswith("commit_success.txt")})
+
+
+def metric_steps(run_dir: str) -> list[int]:
+    """The step of every row of the run's metrics log, read afresh."""
+    import fsspec
+
+    from scaling.metrics_log import read_metrics
+
+    fs, _ = fsspec.core.url_to_fs(run_dir)
+    fs.invalidate_cache()
+    return [row["step"] for row in read_metrics(run_dir)]

@@ -12,10 +12,6 @@ import tiny
 from scaling import records
 
 
-def run_dirs(workdir) -> list[Path]:
-    return sorted(p for p in (Path(workdir) / "mini").iterdir() if p.is_dir() and p.name != "wandb")
-
-
 def _largest_file(directory: Path) -> Path:
     return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
@@ -76,7 +72,7 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
     out = capsys.readouterr().out
     failed_lines = [line for line in out.splitlines() if ": failed:" in line]
     assert len(failed_lines) == 1 and "checkpoint of step 4" in failed_lines[0] and "Traceback" not in out
-    dirs = run_dirs(tmp_path / "runs")
+    dirs = tiny.run_dirs(tmp_path / "runs")
     failed = next(d for d in dirs if str(d) in failing["dir"])
     assert records.read_record(failed).status == "failed"
     assert max(tiny.metric_steps(failed)) == 4  # stopped at the checkpoint, not after training

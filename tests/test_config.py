@@ -46,6 +46,7 @@ def test_literal_fields_list_their_choices_once():
         ModelConfig(position="rope")
 
 
+
 def test_overrides_are_typed_and_validated():
     config = override(TrainConfig(), ["model.depth=4", "optim.peak_lr=1e-3", "model.scan_layers=false",
                                       "data.paths=a.txt,b.txt", "steps=1e3", "model.num_heads=null",

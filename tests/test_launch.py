@@ -53,10 +53,6 @@ def write_record(run, workdir, status="finished", loss=3.0, **fields):
     return record
 
 
-def run_dirs(workdir, sweep="mini") -> list[Path]:
-    return sorted(p for p in (Path(workdir) / sweep).iterdir() if p.is_dir() and p.name != "wandb")
-
-
 def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path, capsys, monkeypatch):
     from analysis.__main__ import main as analysis
 
@@ -416,7 +412,7 @@ def test_a_truncated_record_is_named_and_the_sweep_goes_on(tmp_path, capsys, mon
     monkeypatch.chdir(tmp_path)
     tiny.on_one_device(monkeypatch)
     assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
-    damaged, removed = run_dirs(tmp_path / "runs")[:2]
+    damaged, removed = tiny.run_dirs(tmp_path / "runs")[:2]
     (damaged / "result.json").write_text('{"status": "fini')
     shutil.rmtree(removed)
     capsys.readouterr()
@@ -425,7 +421,7 @@ def test_a_truncated_record_is_named_and_the_sweep_goes_on(tmp_path, capsys, mon
     assert launch.main(["list", sweep, "--workdir", "runs"]) == 0
     assert "unreadable" in capsys.readouterr().out
     assert launch.main(["run", sweep, "--workdir", "runs"]) == 0, capsys.readouterr()
-    assert all(records.read_record(d).status == "finished" for d in run_dirs(tmp_path / "runs"))
+    assert all(records.read_record(d).status == "finished" for d in tiny.run_dirs(tmp_path / "runs"))
 
 
 def test_an_unwritable_run_dir_is_reported_and_the_others_train(tmp_path, capsys, monkeypatch):
@@ -440,7 +436,7 @@ def test_an_unwritable_run_dir_is_reported_and_the_others_train(tmp_path, capsys
     assert launch.main(["run", sweep, "--workdir", "runs"]) == 1
     out, err = capsys.readouterr()
     assert str(blocked) in out and "Traceback" not in out + err
-    finished = [d for d in run_dirs(tmp_path / "runs") if records.read_record(d).status == "finished"]
+    finished = [d for d in tiny.run_dirs(tmp_path / "runs") if records.read_record(d).status == "finished"]
     assert len(finished) == 1
 
 

@@ -5,15 +5,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import tiny
 from scaling import lease, records, stopping
-
-def run_dirs(workdir) -> list[Path]:
-    return sorted(p for p in (Path(workdir) / "mini").iterdir() if p.is_dir() and p.name != "wandb")
 
 
 def test_a_live_lease_blocks_and_a_stale_one_is_taken_over(tmp_path):
@@ -120,7 +116,7 @@ def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
              for _ in range(2)]
     outputs = [proc.communicate(timeout=600)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
-    dirs = run_dirs(tmp_path / "runs")
+    dirs = tiny.run_dirs(tmp_path / "runs")
     assert len(dirs) == 3
     for run_dir in dirs:
         record = records.read_record(run_dir)

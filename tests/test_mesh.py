@@ -7,12 +7,8 @@ read from the compiled CPU program with ``sweeps.roofline.collective_traffic``.
 
 import contextlib
 import dataclasses
-import json
-import os
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,12 +16,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
+import tiny
 from scaling import mesh as mesh_lib, program as program_lib, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
 from scaling.model import RESIDUAL
 from sweeps import roofline
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def small_config(**changes) -> TrainConfig:
@@ -42,25 +37,6 @@ def small_config(**changes) -> TrainConfig:
 EIGHT = MeshConfig(data=2, fsdp=2, tensor=2)
 
 
-def losses(run_dir) -> list[float]:
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [row["loss"] for row in rows if "loss" in row]
-
-
-def _env(devices: int) -> dict:
-    env = dict(os.environ)
-    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    return env
-
-
-def _cli(workdir, config: TrainConfig, *extra) -> list[str]:
-    config_path = Path(workdir).parent / (Path(workdir).name + "-config.json")
-    config_path.write_text(json.dumps(dataclasses.asdict(config)))
-    return [sys.executable, "-m", "scaling.train", "--config", str(config_path), "--workdir", str(workdir),
-            "--no-progress", *extra]
-
-
 @pytest.fixture(scope="module")
 def eight_device_run(tmp_path_factory):
     """``small_config`` trained once over all 8 devices (data, fsdp and tensor 2 each): (run directory, record)."""
@@ -71,7 +47,7 @@ def eight_device_run(tmp_path_factory):
 def test_one_device_and_eight_device_mesh_give_the_same_losses(tmp_path, eight_device_run):
     single = train.run(small_config(), tmp_path / "one", show_progress=False, devices=jax.devices()[:1])
     eight_dir, sharded = eight_device_run
-    a, b = losses(tmp_path / "one"), losses(eight_dir)
+    a, b = tiny.losses(tmp_path / "one"), tiny.losses(eight_dir)
     assert len(a) == len(b) == 10
     np.testing.assert_allclose(a, b, rtol=1e-4)
     assert abs(single.final_eval_loss - sharded.final_eval_loss) < 1e-4 * single.final_eval_loss
@@ -96,13 +72,14 @@ def _free_port() -> int:
 def test_two_processes_reproduce_the_eight_device_run(tmp_path, eight_device_run):
     port = _free_port()
     workdir = tmp_path / "multi"
-    procs = [subprocess.Popen(_cli(workdir, small_config(mesh=EIGHT), "--coordinator", f"127.0.0.1:{port}",
-                                   "--num-processes", "2", "--process-id", str(i)),
-                              cwd=REPO, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = tiny.train_command(small_config(mesh=EIGHT), workdir, tmp_path / "config.json", "--coordinator",
+                                 f"127.0.0.1:{port}", "--num-processes", "2")
+    procs = [subprocess.Popen(command + ["--process-id", str(i)], env=tiny.env(devices=4), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     outputs = [proc.communicate(timeout=300)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
-    np.testing.assert_allclose(losses(workdir), losses(eight_device_run[0]), rtol=1e-4)
+    np.testing.assert_allclose(tiny.losses(workdir), tiny.losses(eight_device_run[0]), rtol=1e-4)
 
 
 PARAM_BYTES = 4 * (12 * 32 * 32 + 2 * 64 * 32 + 64 * 32)  # float32 layer weights, embeddings, positions

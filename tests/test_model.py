@@ -189,10 +189,10 @@ def test_torch_init_draws_pytorch_default_ranges():
 def test_it_learns_a_fixed_batch():
     config = ModelConfig(depth=2, width=64, max_seq_len=64)
     model = Transformer(config)
-    tokens = jax.random.randint(jax.random.PRNGKey(0), (16, 65), 0, 256)
-    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": jnp.ones((16, 64))}
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (8, 33), 0, 256)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": jnp.ones((8, 32))}
     params = init_params(config, jax.random.PRNGKey(1))
-    optimizer = optax.adam(3e-3)
+    optimizer = optax.adam(1e-2)  # the loss is below 0.1 after about 20 steps
     state = optimizer.init(params)
 
     @jax.jit
@@ -201,7 +201,7 @@ def test_it_learns_a_fixed_batch():
         updates, state = optimizer.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
-    for _ in range(300):
+    for _ in range(60):
         params, state, loss = step(params, state)
     assert float(loss) < 0.1
 

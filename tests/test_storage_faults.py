@@ -10,24 +10,13 @@ trainer pauses at a known step (``tests/pause.py``) while the test breaks the st
 import signal
 import subprocess
 import time
-from pathlib import Path
 
-import fsspec
 import pytest
 
 import tiny
-from gcs_emulator import FaultProxy, checkpoint_steps, env_for
+from gcs_emulator import FaultProxy, checkpoint_steps, env_for, metric_steps
 from scaling import lease, records
-from scaling.metrics_log import read_metrics
 from scaling.stopping import PREEMPTED_EXIT_CODE
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def metric_steps(run_dir: str) -> list[int]:
-    fs, _ = fsspec.core.url_to_fs(run_dir)
-    fs.invalidate_cache()
-    return [row["step"] for row in read_metrics(run_dir)]
 
 
 def test_a_lease_write_whose_reply_is_lost_is_recognised_as_our_own(gcs, gcs_emulator, monkeypatch):

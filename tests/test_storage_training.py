@@ -21,10 +21,9 @@ import pytest
 from etils import epath
 
 import tiny
-from gcs_emulator import checkpoint_steps, env_for, keys
+from gcs_emulator import checkpoint_steps, env_for, keys, metric_steps
 from scaling import data, records, storage, token_cache
 from scaling.config import DataConfig
-from scaling.metrics_log import read_metrics
 from sweeps import launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,12 +33,6 @@ def logged_through(run_dir: str) -> int:
     """The last step in the run's metrics objects, from one listing (0 if none yet)."""
     names = [key for key in keys(run_dir) if key.startswith("metrics/")] if epath.Path(run_dir).exists() else []
     return max((int(key.rsplit("-", 1)[1].split(".")[0]) for key in names), default=0)
-
-
-def metric_steps(run_dir: str) -> list[int]:
-    fs, _ = fsspec.core.url_to_fs(run_dir)
-    fs.invalidate_cache()
-    return [row["step"] for row in read_metrics(run_dir)]
 
 
 def copy_run(source: str, destination: str) -> None:
@@ -226,7 +219,7 @@ def test_two_processes_agree_on_the_checkpoint_to_resume_from(gcs, gcs_emulator,
     # The run to resume: one written by a single process (restoring reshards it for the two).
     config, run_dir = tiny.config(), f"{gcs}/pod"
     copy_run(gs_reference[0], run_dir)
-    env = env_for(gcs_emulator.url, tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = env_for(gcs_emulator.url, tmp_path, devices=1)
     epath.Path(f"{run_dir}/result.json").unlink()
     fs, root = fsspec.core.url_to_fs(f"{run_dir}/checkpoints/8")
     for name in [n for n in fs.find(root) if "/state/" in n and "/d/" in n]:  # step 8 damaged for everyone

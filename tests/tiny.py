@@ -59,10 +59,19 @@ def on_one_device(monkeypatch) -> None:
     monkeypatch.setattr(train, "run", lambda *args, **kwargs: real(*args, **{"devices": one_device(), **kwargs}))
 
 
-def env(**extra) -> dict:
-    """A trainer or launcher subprocess's environment: one CPU device, this checkout, quiet wandb."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "XLA_FLAGS"))}
-    environment.update(JAX_PLATFORMS="cpu", WANDB_SILENT="true", PYTHONPATH=str(REPO), **extra)
+def xla_flags(devices: int | None = None) -> str:
+    """This process's XLA flags (conftest.py's among them) without a device count, and ``devices``'s."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+             if not flag.startswith("--xla_force_host_platform_device_count")]
+    return " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices else []))
+
+
+def env(devices: int | None = None, **extra) -> dict:
+    """A trainer or launcher subprocess's environment: CPU (one device unless ``devices``), this checkout,
+    the test session's XLA flags, quiet wandb."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_"))}
+    environment.update(JAX_PLATFORMS="cpu", WANDB_SILENT="true", PYTHONPATH=str(REPO), XLA_FLAGS=xla_flags(devices),
+                       **extra)
     return environment
 
 
@@ -99,6 +108,11 @@ def wait_for(predicate, timeout: float, proc=None, interval: float = 0.02) -> No
 def metric_steps(run_dir) -> list[int]:
     """The step of every row of the run's metrics log (local or gs://)."""
     return [row["step"] for row in read_metrics(run_dir)]
+
+
+def run_dirs(workdir, sweep: str = "mini") -> list[Path]:
+    """The run directories of sweep ``sweep`` under ``workdir`` (local), in name order."""
+    return sorted(p for p in (Path(workdir) / sweep).iterdir() if p.is_dir() and p.name != "wandb")
 
 
 def losses(run_dir) -> list[float]:
