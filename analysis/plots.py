@@ -123,10 +123,10 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
         bottom.axhline(0.0, color="0.4", lw=0.8)
     for ax in axes:
         if transition.found:
-            ax.axvspan(transition.params_before, transition.params_after, color="0.55", alpha=0.35,
+            ax.axvspan(transition.paper.params_before, transition.paper.params_after, color="0.55", alpha=0.35,
                        label="paper rule's bracket" if ax is top else None)
-        if transition.crossing_ci:
-            low, high = non_embedding_params(transition.shallow_depth, np.asarray(transition.crossing_ci))
+        if transition.crossing.interval:
+            low, high = non_embedding_params(transition.shallow_depth, np.asarray(transition.crossing.interval))
             ax.axvspan(low, high, color="tab:orange", alpha=0.35,
                        label=f"zero crossing, {transition.confidence:.0%} interval" if ax is top else None)
         _log_x(ax)

@@ -96,8 +96,8 @@ class SweepAnalysis:
         for transition in self.transitions:
             out.append(transition.message)
             if transition.noise is not None and transition.comparison is not None:
-                out.append(f"  {transition.noise.describe()}; {transition.paper_text()}; "
-                           f"{transition.crossing_text()}")
+                out.append(f"  {transition.noise.describe()}; {transition.paper.text(transition.confidence)}; "
+                           f"{transition.crossing.text(transition.confidence)}")
                 out += ["    " + line for line in transition.size_lines()]
         for estimate in ESTIMATES:
             fit = self.fits.get(estimate)
@@ -155,7 +155,7 @@ def _fit(transitions: list[Transition], estimate: str, name: str):
     missing = [f"{t.shallow_depth}->{t.deep_depth}" for t in transitions if t.estimate(estimate) is None]
     reason = (f"no {estimate} estimate for pair(s) {', '.join(missing)}" if missing else
               f"{len(transitions)} adjacent depth pair(s) only; train more depths")
-    if estimate == "crossing" and any(t.crossing_width is not None and not t.crossing_ci for t in transitions):
+    if estimate == "crossing" and any(t.crossing.width is not None and not t.crossing.interval for t in transitions):
         reason += " (the crossing's error comes from its bootstrap interval: use --bootstrap > 0)"
     return None, f"not enough points for the fit: {depths.size} transition(s), need 2 or more; {reason}"
 

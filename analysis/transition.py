@@ -56,16 +56,123 @@ CROSSING_WINDOW = 6
 
 
 @dataclasses.dataclass(frozen=True)
+class Bootstrap:
+    """One estimate's width over the bootstrap replicates (see the module docstring).
+
+    ``interval`` is the (low, high) percentile interval of the widths, in
+    channels, at the transition's ``confidence``; None when fewer than two
+    replicates gave a width. ``fraction`` is the share of replicates that gave
+    one (0 to 1).
+    """
+
+    interval: tuple[float, float] | None
+    fraction: float
+
+    @property
+    def enough(self) -> bool:
+        """Whether at least half the replicates gave a width.
+
+        A percentile interval over the few replicates that happen to give one
+        describes those replicates, not the estimate, so it is not used then.
+        """
+        return self.fraction >= 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperRule:
+    """The paper rule's transition: the bracket where the shallower net turns significantly worse.
+
+    ``params_before`` is the last compared size (non-embedding parameters)
+    where the shallower net is not significantly worse, ``params_after`` the
+    first where it is; ``width`` is the mean of the shallower depth's widths at
+    the two and ``width_error`` their difference (channels). All four are None
+    unless the rule found a transition in range (status "found"), while
+    ``bootstrap`` is there whenever the pair was compared and resampled:
+    replicates may find a transition that the observed means do not.
+    """
+
+    params_before: float | None = None
+    params_after: float | None = None
+    width: float | None = None
+    width_error: float | None = None
+    bootstrap: Bootstrap | None = None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The bootstrap interval (channels); None without one."""
+        return self.bootstrap.interval if self.bootstrap is not None else None
+
+    def estimate(self) -> tuple[float, float] | None:
+        """(width, bracket) in channels, as in the paper; None without a transition."""
+        return None if self.width is None else (self.width, self.width_error)
+
+    def text(self, confidence: float) -> str:
+        """Its bootstrap interval at ``confidence`` (0 to 1), or why none is quoted."""
+        if self.bootstrap is not None and not self.bootstrap.enough:
+            return (f"paper rule: {_percent(self.bootstrap.fraction)} of resamples find a transition, "
+                    "too few for an interval")
+        if not self.interval:
+            return "paper rule: no bootstrap interval"
+        low, high = self.interval
+        return (f"paper rule {confidence:.0%} interval {low:.0f}–{high:.0f} "
+                f"({_percent(self.bootstrap.fraction)} of resamples find it)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroCrossing:
+    """Where the loss difference crosses zero: the root of a line fitted to it against ln N.
+
+    ``width`` is the shallower depth's width there (channels); None when the
+    difference has no upward sign change, or the fitted line does not rise.
+    ``bootstrap`` is None without resampling or without a crossing.
+    """
+
+    width: float | None = None
+    bootstrap: Bootstrap | None = None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The bootstrap interval (channels); None without one."""
+        return self.bootstrap.interval if self.bootstrap is not None else None
+
+    def estimate(self, confidence: float) -> tuple[float, float] | None:
+        """(width, one-sigma width error) in channels; None if missing or too noisy to fit.
+
+        The error is the bootstrap interval's half-width in ln d, divided by
+        the normal quantile of ``confidence``, times the width. A crossing
+        that fewer than half of the replicates reproduce (the fitted line does
+        not rise in the rest) gives None.
+        """
+        if self.width is None or not self.interval or not self.bootstrap.enough:
+            return None
+        low, high = self.interval
+        z = stats.norm.ppf(0.5 + confidence / 2)
+        sigma_log = (math.log(high) - math.log(low)) / (2 * z)
+        return (self.width, self.width * max(sigma_log, 1e-6)) if sigma_log >= 0 else None
+
+    def text(self, confidence: float) -> str:
+        """The crossing with its interval at ``confidence`` (0 to 1), and whether the fit can use it."""
+        if self.width is None:
+            return "no zero crossing of the loss difference in the compared range"
+        text = f"zero crossing at width {self.width:.0f}"
+        if self.interval:
+            low, high = self.interval
+            text += (f" ({confidence:.0%} interval {low:.0f}–{high:.0f}, "
+                     f"{_percent(self.bootstrap.fraction)} of resamples cross)")
+        if self.bootstrap is None or not self.bootstrap.enough:
+            text += "; too few resamples cross to use it in the fit"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
 class Transition:
     """Transition of one adjacent depth pair, by both estimates.
 
     ``status`` is the paper rule's outcome: "found", "below_range" (already
     significantly worse at the smallest compared size), "above_range" (never
     significantly worse in the compared range) or "no_overlap" (fewer than
-    two comparable sizes). ``width``/``width_error`` are the paper rule's
-    width and bracket, ``crossing_width`` the zero-crossing estimate; each
-    has a bootstrap interval (``*_ci``) and the fraction of bootstrap
-    replicates that gave an estimate (``*_fraction``). ``reversed_params`` is
+    two comparable sizes). ``paper`` and ``crossing`` hold the two estimates,
+    each with its bootstrap interval at ``confidence``. ``reversed_params`` is
     the first size above the first deeper-better one where the shallower net
     is significantly better again (the opposite of the predicted order), or
     None. Widths are the shallower depth's, in channels; params in parameters.
@@ -77,15 +184,8 @@ class Transition:
     message: str
     comparison: PairComparison | None = None
     noise: PairNoise | None = None
-    params_before: float | None = None
-    params_after: float | None = None
-    width: float | None = None
-    width_error: float | None = None
-    paper_ci: tuple | None = None
-    paper_fraction: float | None = None
-    crossing_width: float | None = None
-    crossing_ci: tuple | None = None
-    crossing_fraction: float | None = None
+    paper: PaperRule = PaperRule()
+    crossing: ZeroCrossing = ZeroCrossing()
     confidence: float = 0.95
     reversed_params: float | None = None
 
@@ -96,42 +196,14 @@ class Transition:
     def estimate(self, which: str) -> tuple[float, float] | None:
         """(width, one-sigma width error) in channels for ``which`` of ``ESTIMATES``; None if missing.
 
-        The paper rule's error is its bracket (as in the paper); the crossing's
-        is the bootstrap interval's half-width in ln d, divided by the normal
-        quantile of ``confidence``, times the width. A crossing that fewer than
-        half of the bootstrap replicates reproduce (the fitted line does not
-        rise in the rest) is too noisy to fit and gives None.
+        The paper rule's error is its bracket (as in the paper); the
+        crossing's comes from its bootstrap interval (``ZeroCrossing.estimate``).
         """
         if which == "paper":
-            return (self.width, self.width_error) if self.found else None
-        if which != "crossing":
-            raise AnalysisInputError(f"unknown estimate {which!r}; choose from {', '.join(ESTIMATES)}")
-        if self.crossing_width is None or not self.crossing_ci or (self.crossing_fraction or 0.0) < 0.5:
-            return None
-        z = stats.norm.ppf(0.5 + self.confidence / 2)
-        sigma_log = (math.log(self.crossing_ci[1]) - math.log(self.crossing_ci[0])) / (2 * z)
-        return (self.crossing_width, self.crossing_width * max(sigma_log, 1e-6)) if sigma_log >= 0 else None
-
-    def paper_text(self) -> str:
-        if self.paper_fraction is not None and self.paper_fraction < 0.5:
-            # a percentile interval over the few resamples that happen to find a transition describes
-            # those resamples, not the estimate, so none is quoted
-            return f"paper rule: {_percent(self.paper_fraction)} of resamples find a transition, too few for an interval"
-        if not self.paper_ci:
-            return "paper rule: no bootstrap interval"
-        return (f"paper rule {self.confidence:.0%} interval {self.paper_ci[0]:.0f}–{self.paper_ci[1]:.0f} "
-                f"({_percent(self.paper_fraction)} of resamples find it)")
-
-    def crossing_text(self) -> str:
-        if self.crossing_width is None:
-            return "no zero crossing of the loss difference in the compared range"
-        text = f"zero crossing at width {self.crossing_width:.0f}"
-        if self.crossing_ci:
-            text += (f" ({self.confidence:.0%} interval {self.crossing_ci[0]:.0f}–{self.crossing_ci[1]:.0f}, "
-                     f"{_percent(self.crossing_fraction)} of resamples cross)")
-        if (self.crossing_fraction or 0.0) < 0.5:
-            text += "; too few resamples cross to use it in the fit"
-        return text
+            return self.paper.estimate()
+        if which == "crossing":
+            return self.crossing.estimate(self.confidence)
+        raise AnalysisInputError(f"unknown estimate {which!r}; choose from {', '.join(ESTIMATES)}")
 
     def size_lines(self) -> list[str]:
         """One text line per compared size: both losses, the difference with its interval, the verdict."""
@@ -144,24 +216,32 @@ class Transition:
                 f"{row['diff_interval'][1]:+.4f}): {row['verdict']}" for row in self.comparison.rows()]
 
     def to_dict(self) -> dict:
-        """JSON-ready summary.
+        """JSON-ready summary, flat: the schema of the committed ``fit.json`` files.
 
-        Besides the fields: ``sizes`` is the per-size comparison
-        (``PairComparison.rows``), ``largest_gap`` its row with the largest
-        |diff|, and ``no_gain_params`` the range of N where the deeper net was
-        not (yet) significantly better, None when it was at the smallest size.
+        The paper rule's fields appear as ``params_before``, ``params_after``,
+        ``width``, ``width_error``, ``paper_ci`` and ``paper_fraction``; the
+        crossing's as ``crossing_width``, ``crossing_ci`` and
+        ``crossing_fraction`` (None where missing). Besides the fields:
+        ``sizes`` is the per-size comparison (``PairComparison.rows``),
+        ``largest_gap`` its row with the largest |diff|, and ``no_gain_params``
+        the range of N where the deeper net was not (yet) significantly better,
+        None when it was at the smallest size.
         """
-        out = {key: getattr(self, key) for key in (
-            "shallow_depth", "deep_depth", "status", "message", "params_before", "params_after",
-            "width", "width_error", "paper_fraction", "crossing_width", "crossing_fraction", "confidence",
-            "reversed_params")}
+        paper, crossing = self.paper, self.crossing
+        out = {"shallow_depth": self.shallow_depth, "deep_depth": self.deep_depth, "status": self.status,
+               "message": self.message, "params_before": paper.params_before, "params_after": paper.params_after,
+               "width": paper.width, "width_error": paper.width_error,
+               "paper_fraction": paper.bootstrap.fraction if paper.bootstrap else None,
+               "crossing_width": crossing.width,
+               "crossing_fraction": crossing.bootstrap.fraction if crossing.bootstrap else None,
+               "confidence": self.confidence, "reversed_params": self.reversed_params}
         rows = self.comparison.rows() if self.comparison is not None else []
         out["sizes"] = rows
         out["largest_gap"] = max(rows, key=lambda row: abs(row["diff"])) if rows else None
         no_gain = self.comparison.no_gain_range() if self.comparison is not None else None
         out["no_gain_params"] = list(no_gain) if no_gain else None
-        out["paper_ci"] = list(self.paper_ci) if self.paper_ci else None
-        out["crossing_ci"] = list(self.crossing_ci) if self.crossing_ci else None
+        out["paper_ci"] = list(paper.interval) if paper.interval else None
+        out["crossing_ci"] = list(crossing.interval) if crossing.interval else None
         out["noise"] = dataclasses.asdict(self.noise) if self.noise else None
         if out["noise"] and math.isinf(out["noise"]["dof"]):
             out["noise"]["dof"] = None
@@ -221,14 +301,15 @@ def paper_rule(diff, threshold, widths):
 
 
 def _classify(shallow, deep, comparison: PairComparison | None) -> dict:
+    """Transition fields from the significance test alone: status, message, reversed_params, paper (no bootstrap)."""
     pair = f"L={shallow} vs L={deep}"
     if comparison is None:
-        return {"status": "no_overlap",
+        return {"status": "no_overlap", "paper": PaperRule(),
                 "message": f"{pair}: fewer than two sizes where both depths were trained; cannot compare"}
     worse = np.flatnonzero(comparison.worse)
     n, w = comparison.params, comparison.widths
     if worse.size == 0:
-        return {"status": "above_range", "message": (
+        return {"status": "above_range", "paper": PaperRule(), "message": (
             f"{pair}: no transition in range: the shallower net is never significantly worse up to "
             f"N={n[-1]:.3g} (width {w[-1]:.0f}); the transition lies above or is not resolved")}
     k = int(worse[0])
@@ -241,13 +322,13 @@ def _classify(shallow, deep, comparison: PairComparison | None) -> dict:
         f"; but the shallower net is significantly better again at N={reversed_params:.3g} "
         f"(width {w[k + 1 + again[0]]:.0f}), the opposite of the predicted order")
     if k == 0:
-        return {"status": "below_range", "reversed_params": reversed_params, "message": (
+        return {"status": "below_range", "paper": PaperRule(), "reversed_params": reversed_params, "message": (
             f"{pair}: no transition in range: the shallower net is already significantly worse at the "
             f"smallest compared size N={n[0]:.3g} (width {w[0]:.0f}); the transition lies below" + reversal)}
     before = "significantly better" if comparison.better[k - 1] else "indistinguishable"
     width, error = 0.5 * (w[k - 1] + w[k]), abs(w[k] - w[k - 1])
-    return {"status": "found", "params_before": n[k - 1], "params_after": n[k], "width": width,
-            "width_error": error, "reversed_params": reversed_params,
+    return {"status": "found", "reversed_params": reversed_params,
+            "paper": PaperRule(params_before=n[k - 1], params_after=n[k], width=width, width_error=error),
             "message": (f"{pair}: shallower net {before} at N={n[k - 1]:.3g} (width {w[k - 1]:.0f}), "
                         f"significantly worse at N={n[k]:.3g} (width {w[k]:.0f}); "
                         f"transition width {width:.0f} ± {error:.0f} (paper rule)" + reversal)}
@@ -267,38 +348,42 @@ def _percent(fraction: float) -> str:
     return f"{fraction:.0%}"
 
 
-def _interval(samples, confidence):
+def _bootstrap(samples, confidence, to_width=float) -> Bootstrap:
+    """Percentile interval of the finite ``samples`` (one per replicate, NaN: no estimate), as widths.
+
+    ``to_width`` maps a sample to a width in channels; it must be increasing.
+    """
     found = samples[np.isfinite(samples)]
+    fraction = found.size / max(samples.size, 1)
     if found.size < 2:
-        return None, found.size / max(samples.size, 1)
+        return Bootstrap(None, fraction)
     tail = 50.0 * (1.0 - confidence)
     low, high = np.percentile(found, [tail, 100.0 - tail])
-    return (float(low), float(high)), found.size / samples.size
+    return Bootstrap((to_width(low), to_width(high)), fraction)
 
 
 def _estimates(data: PairData, comparison: PairComparison, shallow: int, noise: PairNoise,
-               n_bootstrap: int, confidence: float, window: int, rng) -> dict:
+               n_bootstrap: int, confidence: float, window: int, rng) -> tuple[Bootstrap | None, ZeroCrossing]:
+    """The paper rule's bootstrap (None when ``n_bootstrap`` is 0) and the zero crossing with its own."""
+
+    def to_width(log_params):
+        return float(width_at(np.exp(log_params), shallow))
+
     threshold = comparison.critical * comparison.se
     span = crossing_window(comparison.diff, window)
-    out = {"confidence": confidence}
-    if span is not None:
-        root = line_roots(data.x[span], comparison.diff[span])[0]
-        if np.isfinite(root):
-            out["crossing_width"] = float(width_at(np.exp(root), shallow))
+    root = line_roots(data.x[span], comparison.diff[span])[0] if span is not None else math.nan
+    crossing_width = to_width(root) if np.isfinite(root) else None
     if n_bootstrap <= 0:
-        return out
+        return None, ZeroCrossing(crossing_width)
     dof = noise.dof
     scale = np.ones(n_bootstrap) if math.isinf(dof) else np.sqrt(dof / rng.chisquare(dof, n_bootstrap))
     diff = (_resampled_means(data.low, noise, scale, rng)[:, data.keep]
             - _resampled_means(data.high, noise, scale, rng) @ data.matrix)
-    paper_ci, out["paper_fraction"] = _interval(paper_rule(diff, threshold, comparison.widths), confidence)
-    out["paper_ci"] = paper_ci
-    if "crossing_width" in out:
-        roots = line_roots(data.x[span], diff[:, span])
-        log_ci, out["crossing_fraction"] = _interval(roots, confidence)
-        if log_ci:
-            out["crossing_ci"] = tuple(float(width_at(np.exp(v), shallow)) for v in log_ci)
-    return out
+    paper = _bootstrap(paper_rule(diff, threshold, comparison.widths), confidence)
+    if crossing_width is None:
+        return paper, ZeroCrossing()
+    roots = line_roots(data.x[span], diff[:, span])
+    return paper, ZeroCrossing(crossing_width, _bootstrap(roots, confidence, to_width))
 
 
 def find_transitions(runs: pd.DataFrame, alpha: float = 0.05, method: str = "pooled",
@@ -339,7 +424,10 @@ def find_transitions(runs: pd.DataFrame, alpha: float = 0.05, method: str = "poo
         comparison = None if data is None else compare_pair(data, shallow, method, noise, alpha)
         fields = _classify(shallow, deep, comparison)
         if comparison is not None:
-            fields.update(_estimates(data, comparison, shallow, noise, n_bootstrap, confidence, window, rng))
+            paper_bootstrap, crossing = _estimates(data, comparison, shallow, noise, n_bootstrap, confidence,
+                                                   window, rng)
+            fields.update(paper=dataclasses.replace(fields["paper"], bootstrap=paper_bootstrap),
+                          crossing=crossing, confidence=confidence)
         transitions.append(Transition(shallow_depth=int(shallow), deep_depth=int(deep), comparison=comparison,
                                       noise=noise, **fields))
     name = "pooled two-sample t-test" if method == "pooled" else "Welch t-test"

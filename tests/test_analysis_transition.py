@@ -48,29 +48,32 @@ def test_detected_transition_brackets_planted_width(planted, rng, method):
     transitions, _ = find_transitions(pair_runs(planted, rng=rng), method=method, n_bootstrap=200)
     (transition,) = transitions
     assert transition.status == "found"
-    before = math.sqrt(transition.params_before / (12 * SHALLOW))
-    after = math.sqrt(transition.params_after / (12 * SHALLOW))
+    paper = transition.paper
+    before = math.sqrt(paper.params_before / (12 * SHALLOW))
+    after = math.sqrt(paper.params_after / (12 * SHALLOW))
     target = planted_shallow_width(planted)
     assert before <= target <= after
-    assert transition.width == pytest.approx(0.5 * (before + after))
-    assert transition.width_error == pytest.approx(after - before)
+    assert paper.width == pytest.approx(0.5 * (before + after))
+    assert paper.width_error == pytest.approx(after - before)
+    assert transition.estimate("paper") == (paper.width, paper.width_error)
 
 
 def test_bootstrap_ci_covers_the_planted_crossing():
     planted = 2e8
     transitions, _ = find_transitions(pair_runs(planted, offset=0.3, noise=0.004, rng=5), n_bootstrap=500)
     (transition,) = transitions
-    low, high = transition.crossing_ci
+    low, high = transition.crossing.interval
     target = planted_shallow_width(planted)
     assert low <= target <= high
-    assert transition.crossing_width == pytest.approx(target, rel=0.03)
-    assert transition.crossing_fraction > 0.95
+    assert transition.crossing.width == pytest.approx(target, rel=0.03)
+    assert transition.crossing.bootstrap.fraction > 0.95
 
 
 def test_noisier_data_widens_the_crossing_ci():
     def ci_width(noise):
         (transition,), _ = find_transitions(pair_runs(2e8, offset=0.3, noise=noise, rng=6), n_bootstrap=400)
-        return transition.crossing_ci[1] - transition.crossing_ci[0]
+        low, high = transition.crossing.interval
+        return high - low
 
     assert ci_width(0.008) > 2 * ci_width(0.001)
 
@@ -79,7 +82,7 @@ def test_transition_above_range_is_reported():
     transitions, _ = find_transitions(pair_runs(2e8, offset=8.0), n_bootstrap=50)
     assert transitions[0].status == "above_range"
     assert "no transition in range" in transitions[0].message
-    assert transitions[0].width is None
+    assert transitions[0].paper.width is None and transitions[0].estimate("paper") is None
 
 
 def test_transition_below_range_is_reported():
@@ -117,7 +120,7 @@ def test_stricter_alpha_never_finds_an_earlier_transition():
     loose, _ = find_transitions(runs, alpha=0.2, n_bootstrap=0)
     strict, _ = find_transitions(runs, alpha=0.001, n_bootstrap=0)
     assert loose[0].found and strict[0].found
-    assert strict[0].params_after >= loose[0].params_after
+    assert strict[0].paper.params_after >= loose[0].paper.params_after
 
 
 def test_end_to_end_fit_recovers_planted_slope():
@@ -127,7 +130,7 @@ def test_end_to_end_fit_recovers_planted_slope():
     assert all(t.found for t in transitions)
     for transition in transitions:
         target = float(planted_width(transition.shallow_depth, a, b))
-        assert abs(transition.width - target) <= transition.width_error
+        assert abs(transition.paper.width - target) <= transition.paper.width_error
     fit = fit_log_width(*transition_points(transitions))
     assert abs(fit.b - b) < 3 * fit.sigma_b
     assert abs(fit.a - a) < 3 * fit.sigma_a
@@ -155,7 +158,8 @@ def test_per_size_rows_agree_with_the_test_and_name_where_depth_did_not_pay_off(
         assert (row["verdict"] == "deeper better") == (low > 0)
     assert rows[0]["verdict"] == "shallower better" and rows[-1]["verdict"] == "deeper better"
     assert out["largest_gap"]["diff"] == max((row["diff"] for row in rows), key=abs)
-    assert out["no_gain_params"] == [rows[0]["params"], transition.params_before]
+    assert out["no_gain_params"] == [rows[0]["params"], transition.paper.params_before]
+    assert (out["width"], out["width_error"]) == transition.estimate("paper")
     lines = transition.size_lines()
     assert len(lines) == len(rows) and "90% interval" in lines[0] and lines[-1].endswith("deeper better")
 
@@ -169,10 +173,10 @@ def test_without_a_transition_depth_did_not_pay_off_over_the_whole_range():
 
 
 def test_an_interval_is_quoted_only_when_most_resamples_find_the_transition():
-    from analysis.transition import Transition
+    from analysis.transition import Bootstrap, PaperRule
 
     def paper_text(fraction):
-        return Transition(3, 4, "below_range", "", paper_ci=(152.0, 152.0), paper_fraction=fraction).paper_text()
+        return PaperRule(bootstrap=Bootstrap((152.0, 152.0), fraction)).text(confidence=0.95)
 
     assert "interval 152–152" in paper_text(0.8) and "80% of resamples" in paper_text(0.8)
     # 4 resamples in 1000: no interval, and not rounded down to 0%
