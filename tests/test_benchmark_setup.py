@@ -15,3 +15,26 @@ def test_throughput_benchmark_tunes_the_allocator_like_the_command_lines():
     code = "import throughput; print(throughput.MALLOC_TUNED)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "True"
+
+
+def test_step_profile_sorts_a_compiled_steps_ops_by_kind_and_pass():
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import step_profile
+
+    def step(weights, inputs):
+        def loss(weights):
+            return jnp.sum(jnp.tanh(inputs @ weights) ** 2)
+
+        gradient = jax.grad(loss)(weights)
+        return weights - 0.1 * gradient / (jnp.sqrt(jnp.sum(gradient**2)) + 1.0)
+
+    text = jax.jit(step).lower(jnp.ones((32, 16)), jnp.ones((8, 32))).compile().as_text()
+    ops = step_profile.hlo_ops(text)
+    kinds = set(ops.values())
+    # the forward dot, its transpose in the backward pass, and the optimizer's norm and update
+    assert {("matmul", "forward"), ("matmul", "backward"), ("reduce", "optimizer"),
+            ("elementwise", "optimizer")} <= kinds, kinds
+    assert all(kind in (*step_profile.KINDS, "control") and phase in step_profile.PASSES for kind, phase in kinds)
