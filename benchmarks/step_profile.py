@@ -13,7 +13,11 @@ event; each one is looked up in the compiled HLO and counted under
   body's, so it is shown, not added);
 - its **pass**: ``forward`` and ``backward`` from the op's JAX name
   (``jvp(...)`` and ``transpose(jvp(...))``), ``optimizer`` for the rest
-  (clipping, AdamW, the schedule).
+  (clipping, AdamW, the schedule);
+- for matrix products, its **part** of the model, from the same name:
+  attention's q/k/v and output projections, its scores and mixing (the
+  einsums), the feed-forward's two layers, and the rest (the tied
+  embedding/unembedding and the loss).
 
 With ``--peer`` the same step of nanoGPT's model.py is profiled with
 ``torch.profiler`` and its top operators are printed below, for comparison.
@@ -44,10 +48,23 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?:\(.*?\)|\S
 _CALLS = re.compile(r"calls=(%?[\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CONTROL = {"while", "call", "conditional"}
+PARTS = ("attention q/k/v", "attention out", "attention scores+mix", "mlp in", "mlp out", "embedding+loss")
 
 
-def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
-    """Each instruction's name in optimized HLO text -> (kind, pass), as described in the module docstring."""
+def model_part(op_name: str) -> str:
+    """Which of ``PARTS`` a matrix product belongs to, from its JAX op name (``.../layers_2/mlp/wo/dot_general``)."""
+    path = op_name.split("/")
+    if "attention" in path:
+        module = path[path.index("attention") + 1] if path.index("attention") + 1 < len(path) else ""
+        return {"query": PARTS[0], "key": PARTS[0], "value": PARTS[0], "out": PARTS[1]}.get(module, PARTS[2])
+    if "mlp" in path:
+        return PARTS[3] if "wi" in path else PARTS[4]
+    return PARTS[5]
+
+
+def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str, str]]:
+    """Each instruction's name in optimized HLO text -> (kind, pass, part), as the module docstring says
+    (``part`` is empty for everything but matrix products)."""
     computations: dict[str, list[str]] = {}
     current = None
     for line in hlo_text.splitlines():
@@ -95,7 +112,7 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
             op_name = _OP_NAME.search(line)
             name = op_name.group(1) if op_name else ""
             phase = "backward" if "transpose(" in name else "forward" if "jvp(" in name else "optimizer"
-            ops[match.group("name").lstrip("%")] = (kind, phase)
+            ops[match.group("name").lstrip("%")] = (kind, phase, model_part(name) if kind == "matmul" else "")
     return ops
 
 
@@ -123,15 +140,18 @@ def profile_ours(depth: int, width: int, steps: int) -> dict:
         with jax.profiler.trace(log_dir, create_perfetto_trace=True):
             wall = ours.run(steps)
         events = trace_events(log_dir)
-    table = collections.defaultdict(float)
+    table, parts = collections.defaultdict(float), collections.defaultdict(float)
     unmatched = collections.Counter()
     for event in events:
         name = event["name"]
         if name in ops:
-            table[ops[name]] += event["dur"] / 1e3 / steps
+            kind, phase, part = ops[name]
+            table[kind, phase] += event["dur"] / 1e3 / steps
+            if part:
+                parts[part, phase] += event["dur"] / 1e3 / steps
         elif re.match(r"^[\w.\-]+$", name) and ("fusion" in name or "." in name):
             unmatched[name] += event["dur"] / 1e3 / steps
-    return {"wall_ms": 1e3 * wall / steps, "table": dict(table), "unmatched_ms": sum(unmatched.values()),
+    return {"wall_ms": 1e3 * wall / steps, "table": dict(table), "matmul_parts": dict(parts), "unmatched_ms": sum(unmatched.values()),
             "top_unmatched": unmatched.most_common(5)}
 
 
@@ -160,6 +180,11 @@ def print_ours(result: dict, depth: int, width: int) -> None:
               + f"{sum(values):>12.2f}{sum(values) / max(counted, 1e-9):>8.0%}")
     totals = [sum(table.get((kind, phase), 0.0) for kind in KINDS) for phase in PASSES]
     print(f"{'all':<16}" + "".join(f"{value:>12.2f}" for value in totals) + f"{sum(totals):>12.2f}")
+    print(f"\nmatrix products by part of the model, ms per step:\n{'part':<22}"
+          + "".join(f"{phase:>12}" for phase in PASSES[:2]) + f"{'all':>12}")
+    for part in PARTS:
+        values = [result["matmul_parts"].get((part, phase), 0.0) for phase in PASSES[:2]]
+        print(f"{part:<22}" + "".join(f"{value:>12.2f}" for value in values) + f"{sum(values):>12.2f}")
     control = sum(value for (kind, _), value in table.items() if kind == "control")
     if control:
         print(f"(loops and calls, containing the above: {control:.2f} ms)")
@@ -185,7 +210,8 @@ def main() -> None:
     ours = profile_ours(depth, width, args.steps)
     peer = profile_peer(args.peer, depth, width, args.steps) if args.peer else None
     if args.json:
-        print(json.dumps({"ours": {**ours, "table": [[*key, value] for key, value in ours["table"].items()]},
+        print(json.dumps({"ours": {**ours, "table": [[*key, value] for key, value in ours["table"].items()],
+                                   "matmul_parts": [[*key, value] for key, value in ours["matmul_parts"].items()]},
                           "peer": peer}))
         return
     print_ours(ours, depth, width)

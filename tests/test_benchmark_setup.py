@@ -33,8 +33,22 @@ def test_step_profile_sorts_a_compiled_steps_ops_by_kind_and_pass():
 
     text = jax.jit(step).lower(jnp.ones((32, 16)), jnp.ones((8, 32))).compile().as_text()
     ops = step_profile.hlo_ops(text)
-    kinds = set(ops.values())
+    kinds = {(kind, phase) for kind, phase, _ in ops.values()}
     # the forward dot, its transpose in the backward pass, and the optimizer's norm and update
     assert {("matmul", "forward"), ("matmul", "backward"), ("reduce", "optimizer"),
             ("elementwise", "optimizer")} <= kinds, kinds
     assert all(kind in (*step_profile.KINDS, "control") and phase in step_profile.PASSES for kind, phase in kinds)
+
+
+def test_step_profile_names_the_model_part_of_a_matrix_product():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import step_profile
+
+    part = step_profile.model_part
+    assert part("jit(train_step)/transpose(jvp(Transformer))/layers_2/mlp/wo/dot_general") == "mlp out"
+    assert part("jit(train_step)/jvp(Transformer)/layers_0/mlp/wi/dot_general") == "mlp in"
+    assert part("jit(train_step)/jvp(Transformer)/layers_3/attention/key/dot_general") == "attention q/k/v"
+    assert part("jit(train_step)/jvp(Transformer)/layers_3/attention/out/dot_general") == "attention out"
+    assert part("jit(train_step)/jvp(Transformer)/layers_1/attention/bqhd,bkhd->bhqk/dot_general") == \
+        "attention scores+mix"
+    assert part("jit(train_step)/transpose(jvp())/dot_general") == "embedding+loss"
