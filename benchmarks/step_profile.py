@@ -39,15 +39,16 @@ import tempfile
 from pathlib import Path
 
 from scaling import cli
+from sweeps import hlo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 KINDS = ("matmul", "reduce", "copy/transpose", "elementwise")
 PASSES = ("forward", "backward", "optimizer")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?:\(.*?\)|\S+) (?P<opcode>[\w\-]+)\(")
-_CALLS = re.compile(r"calls=(%?[\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CONTROL = {"while", "call", "conditional"}
+_DATA_MOVEMENT = {"fusion", "parameter", "copy", "transpose", "bitcast", "reshape", "slice", "concatenate",
+                  "dynamic-slice", "dynamic-update-slice", "broadcast", "constant", "tuple", "get-tuple-element"}
 PARTS = ("attention q/k/v", "attention out", "attention scores+mix", "mlp in", "mlp out", "embedding+loss")
 
 
@@ -64,38 +65,25 @@ def model_part(op_name: str) -> str:
 
 def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str, str]]:
     """Each instruction's name in optimized HLO text -> (kind, pass, part), as the module docstring says
-    (``part`` is empty for everything but matrix products)."""
-    computations: dict[str, list[str]] = {}
-    current = None
-    for line in hlo_text.splitlines():
-        header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$", line)
-        if header and not line.startswith(" "):
-            current = header.group(1)
-            computations[current] = []
-        elif current is not None and line.startswith(" "):
-            computations[current].append(line)
+    (``part`` is empty for everything but matrix products). The text is read by ``sweeps.hlo.parse``."""
+    module = hlo.parse(hlo_text)
 
-    def opcodes(computation: str, seen=()) -> set[str]:
+    def opcodes(computation_name: str, seen: tuple = ()) -> set[str]:
         found = set()
-        for line in computations.get(computation.lstrip("%"), []):
-            match = _INSTRUCTION.match(line)
-            if match:
-                found.add(match.group("opcode"))
-            for called in _CALLS.findall(line):
-                if called.lstrip("%") not in seen:
-                    found |= opcodes(called, (*seen, called.lstrip("%")))
+        for instruction in getattr(module.computation(computation_name), "instructions", []):
+            found.add(instruction.opcode)
+            for _, called in instruction.called():
+                if called not in seen:
+                    found |= opcodes(called, (*seen, called))
         return found
 
     ops = {}
-    for lines in computations.values():
-        for line in lines:
-            match = _INSTRUCTION.match(line)
-            if not match:
-                continue
-            opcode = match.group("opcode")
+    for computation in module.computations.values():
+        for instruction in computation.instructions:
+            opcode = instruction.opcode
             inner = {opcode}
             if opcode == "fusion":
-                for called in _CALLS.findall(line):
+                for _, called in instruction.called():
                     inner |= opcodes(called)
             if opcode in _CONTROL:
                 kind = "control"
@@ -103,16 +91,14 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str, str]]:
                 kind = "matmul"
             elif inner & {"reduce", "reduce-window"}:
                 kind = "reduce"
-            elif opcode in {"copy", "transpose"} or (opcode == "fusion" and inner <= {
-                    "fusion", "parameter", "copy", "transpose", "bitcast", "reshape", "slice", "concatenate",
-                    "dynamic-slice", "dynamic-update-slice", "broadcast", "constant", "tuple", "get-tuple-element"}):
+            elif opcode in {"copy", "transpose"} or (opcode == "fusion" and inner <= _DATA_MOVEMENT):
                 kind = "copy/transpose"
             else:
                 kind = "elementwise"
-            op_name = _OP_NAME.search(line)
+            op_name = _OP_NAME.search(instruction.attributes)
             name = op_name.group(1) if op_name else ""
             phase = "backward" if "transpose(" in name else "forward" if "jvp(" in name else "optimizer"
-            ops[match.group("name").lstrip("%")] = (kind, phase, model_part(name) if kind == "matmul" else "")
+            ops[instruction.name] = (kind, phase, model_part(name) if kind == "matmul" else "")
     return ops
 
 
