@@ -235,11 +235,10 @@ def checkpoint_steps(run_dir: str) -> list[int]:
 
 
 def metric_steps(run_dir: str) -> list[int]:
-    """The step of every row of the run's metrics log, read afresh."""
+    """``tiny.metric_steps`` of a gs:// run, read afresh (fsspec's listing cache dropped first)."""
     import fsspec
-
-    from scaling.metrics_log import read_metrics
+    import tiny
 
     fs, _ = fsspec.core.url_to_fs(run_dir)
     fs.invalidate_cache()
-    return [row["step"] for row in read_metrics(run_dir)]
+    return tiny.metric_steps(run_dir)
