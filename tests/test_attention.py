@@ -55,6 +55,49 @@ def test_flash_equals_xla_in_values_and_gradients(objective, scale, padded, two_
         np.testing.assert_allclose(got, want, atol=5e-5)
 
 
+@pytest.mark.parametrize("scale, padded", [("standard", False), ("log_length", False), ("standard", True)])
+def test_causal_xla_attention_in_query_blocks_equals_the_whole_square(scale, padded, monkeypatch):
+    # The blocked path (4 query blocks at 256 positions) against the same code with one block,
+    # which forms and masks the whole [T, T] square: values and gradients.
+    model = ModelConfig(width=HEADS * HEAD_DIM, head_dim=HEAD_DIM, attention_scale=scale, max_seq_len=LENGTH)
+    (q, k, v), probe = qkv(seed=1)
+    mask = jnp.ones((BATCH, LENGTH)).at[1, 190:].set(0.0) if padded else None
+    logit_scale = attention_logit_scale(model, LENGTH, mask)
+
+    def loss(q, k, v):
+        out = attention.xla_attention(q, k, v, logit_scale, causal=True, input_mask=mask)
+        return (out * probe).sum(), out
+
+    assert attention.causal_query_blocks(LENGTH) == 4
+    (blocked, blocked_out), blocked_grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    monkeypatch.setattr(attention, "CAUSAL_QUERY_BLOCKS", 1)
+    assert attention.causal_query_blocks(LENGTH) == 1
+    (square, square_out), square_grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    np.testing.assert_allclose(blocked_out, square_out, atol=2e-6)
+    np.testing.assert_allclose(blocked, square, rtol=1e-6)
+    for got, want in zip(blocked_grads, square_grads):
+        np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("length, blocks", [(128, 2), (192, 3), (256, 4), (1024, 4), (100, 1), (64, 1), (320, 4)])
+def test_causal_query_blocks_divide_the_sequence_into_blocks_of_at_least_64(length, blocks):
+    assert attention.causal_query_blocks(length) == blocks
+    assert length % blocks == 0
+
+
+def test_blocked_causal_attention_compiles_fewer_flops_than_the_square(monkeypatch):
+    (q, k, v), _ = qkv()
+
+    def compiled_flops():
+        attend = jax.jit(lambda q, k, v: attention.xla_attention(q, k, v, 0.2, causal=True))
+        return attend.lower(q, k, v).compile().cost_analysis()["flops"]
+
+    blocked = compiled_flops()
+    monkeypatch.setattr(attention, "CAUSAL_QUERY_BLOCKS", 1)
+    square = compiled_flops()
+    assert blocked < 0.7 * square  # 4 blocks: 5/8 of the square's products, plus the softmax's elementwise work
+
+
 def test_scaled_queries_fold_a_per_query_scale():
     (q, _, _), _ = qkv()
     scale = jnp.arange(1.0, LENGTH + 1)[None, None, :, None]  # [1, 1, query, 1], as log_length's causal scale
