@@ -4,7 +4,8 @@
     python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--json]
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
-    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--jobs N] [--remat-search] [--json]
+    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--jobs N] [--remat-search]
+           [--compile-cache DIR|off] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
     python -m sweeps.launch sky       SWEEP_FILE --workdir gs://... --accelerator TYPE [--shares N] [--spot] [--dry-run]
 
@@ -445,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--remat-search", action="store_true",
                              help="for each run that fits, also compile the cheaper remat policies (none < dots "
                                   "< full) and report the cheapest that fits (up to 2 more compiles a run)")
+            sub.add_argument("--compile-cache", default=None, metavar="DIR",
+                             help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
+                                  "only programs that changed; 'off' compiles everything (default: "
+                                  "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
     hosts_help = "where this process runs: mode, share, TPU/GPU variables, jax.distributed (JAX not started)"
     sub = commands.add_parser("hosts", help=hosts_help, description=hosts_help + ". " + HOSTS_EPILOG)
     sub.set_defaults(function=cmd_hosts)

@@ -43,7 +43,11 @@ What is reported per run, and where each number comes from:
   step time (every op at peak, nothing else).
 - ``remat_suggestion`` (``--remat-search``): the cheapest rematerialisation
   policy (none < dots < full) that fits, found by compiling the cheaper ones.
-The summary gives chip-hours, wall time and the runs' uncounted loops.
+- ``compile_cached``: the compiler's answer came from ``sweeps.compile_cache``
+  (the same lowered program for the same slice and compiler was compiled by
+  an earlier preflight), so ``compile_seconds`` is only the lookup.
+The summary gives chip-hours, wall time, the runs' uncounted loops, and how
+many programs were compiled and how many came from the cache.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from scaling import budget, mesh as mesh_lib, program as program_lib
 from scaling.rundir import one_line
 from scaling.config import CLASSIFICATION_SOURCES, TrainConfig
 from scaling.flops import model_flops_utilization
-from sweeps import kernels, roofline
+from sweeps import compile_cache, kernels, roofline
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
 from sweeps.hosts import TPU_CHIPS_PER_HOST
 from sweeps.preflight_table import format_table
@@ -208,17 +212,20 @@ def _masking(config: TrainConfig) -> dict:
     return {}
 
 
-def check_run(name: str, config: TrainConfig, topology: Topology, devices: list, remat_search: bool = False) -> dict:
+def check_run(name: str, config: TrainConfig, topology: Topology, devices: list, remat_search: bool = False,
+              cache: compile_cache.CompileCache | None = None) -> dict:
     """Compile one run's train step for the slice and report memory, FLOPs, speed, and PASS/FAIL.
 
     Returns a JSON-ready dict (bytes per device, FLOPs per device per step,
     seconds per step); a compile error becomes a FAIL row with the error,
     never an exception. With ``remat_search``, a run that fits also gets
     ``remat_suggestion``: the cheapest policy that fits (``advice.cheapest_remat``).
+    Compiles go through ``cache`` (default: none, every program is compiled).
     """
-    row = _check_one(name, config, topology, devices)
+    cache = cache or compile_cache.CompileCache(None)
+    row = _check_one(name, config, topology, devices, cache)
     if remat_search and row["fits"]:
-        found = cheapest_remat(config, lambda candidate: _check_one(name, candidate, topology, devices))
+        found = cheapest_remat(config, lambda candidate: _check_one(name, candidate, topology, devices, cache))
         chosen = found["row"] if found else row
         row["remat_suggestion"] = {"remat": found["remat"] if found else config.model.remat,
                                    **{key: chosen[key] for key in ("hbm_bytes_per_device", "estimated_step_seconds",
@@ -226,7 +233,8 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list,
     return row
 
 
-def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list) -> dict:
+def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list,
+               cache: compile_cache.CompileCache) -> dict:
     chip = topology.chip
     row = {"name": name, "topology": topology.name, "chips": len(devices), "status": "FAIL", "fits": False,
            "hbm_bytes_per_device": None, "hbm_capacity_bytes": chip.hbm_bytes, "compiler_peak_bytes": None,
@@ -235,7 +243,8 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
            "memory_seconds": None, "collective_seconds": None, "exposed_collective_seconds": None,
            "estimated_mfu": None, "mfu_upper_bound": None, "loops_counted": None, "loops_uncounted": None,
            "kernels_analytic": None, "kernels_uncounted": None, "collectives": None, "compile_seconds": None,
-           "remat": config.model.remat, "attention_impl": config.model.attention_impl, "remat_suggestion": None,
+           "compile_cached": False, "remat": config.model.remat, "attention_impl": config.model.attention_impl,
+           "remat_suggestion": None,
            "parameters": None,
            "tokens_per_step": config.batch_size * config.data.seq_len,
            "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
@@ -253,11 +262,12 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
     state_per_chip = _shard_bytes(program.abstract_state) + _shard_bytes(batch)
     state_total = _full_bytes(program.abstract_state) + _full_bytes(batch)
 
-    started = time.perf_counter()
+    started, hits = time.perf_counter(), cache.hits
     try:
-        compiled = _lower(program, config, mesh).compile()
+        compiled = cache.compile(_lower(program, config, mesh), topology.name, _is_out_of_memory)
     except Exception as error:  # noqa: BLE001 - a run that cannot compile is a FAIL row, not a crash
         row["compile_seconds"] = round(time.perf_counter() - started, 2)
+        row["compile_cached"] = cache.hits > hits
         text = str(error).strip()
         row["error"] = one_line(error)
         if _is_out_of_memory(error):
@@ -268,6 +278,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
                                           chip.hbm_bytes))
         return row
     row["compile_seconds"] = round(time.perf_counter() - started, 2)
+    row["compile_cached"] = cache.hits > hits
 
     stats = compiled.memory_analysis()
     planned = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
@@ -336,12 +347,13 @@ def _program_key(config: TrainConfig) -> tuple:
 
 
 def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, jobs: int = 1,
-               remat_search: bool = False) -> list[dict]:
+               remat_search: bool = False, cache_directory: str | None = None) -> list[dict]:
     """Preflight ``runs`` (pairs of name and TrainConfig) for the slice ``topology_name``; one row per run.
 
     Each run is compiled for the mesh it will train on (``checked_topology``);
     runs of one program (differing in seed or learning rate, say) are compiled once and share the row. With
-    ``jobs`` > 1 the distinct programs are compiled in that many processes.
+    ``jobs`` > 1 the distinct programs are compiled in that many processes. With
+    ``cache_directory``, programs compiled there before are not compiled again (``sweeps.compile_cache``).
     """
     if not os.environ.get("JAX_PLATFORMS"):
         # Host-side work needs only the CPU; never claim (or wait for) a local TPU.
@@ -355,13 +367,14 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
         first.setdefault(_program_key(config), (name, config))
     done: dict[tuple, dict] = {}
     if jobs > 1 and len(first) > 1:
-        done = _check_in_processes(first, topology.name, jobs, remat_search, progress, where)
+        done = _check_in_processes(first, topology.name, jobs, (remat_search, cache_directory), progress, where)
     else:
         devices = topology_devices(topology)
+        cache = compile_cache.CompileCache(cache_directory)
         for key, (name, config) in first.items():
             if progress is not None:
                 progress(f"compiling {name} for {where} ...")
-            done[key] = check_run(name, config, topology, devices, remat_search)
+            done[key] = check_run(name, config, topology, devices, remat_search, cache)
     rows = []
     for name, config in runs:
         row = done[_program_key(config)]
@@ -372,16 +385,18 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
 _WORKER_DEVICES: dict = {}
 
 
-def _check_in_worker(name: str, config: TrainConfig, topology_name: str, remat_search: bool) -> dict:
+def _check_in_worker(name: str, config: TrainConfig, topology_name: str, options: tuple) -> dict:
     # One compile in a worker process; its compile-only devices are made once per process.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    remat_search, cache_directory = options
     topology = parse_topology(topology_name)
     if topology_name not in _WORKER_DEVICES:
         _WORKER_DEVICES[topology_name] = topology_devices(topology)
-    return check_run(name, config, topology, _WORKER_DEVICES[topology_name], remat_search)
+    return check_run(name, config, topology, _WORKER_DEVICES[topology_name], remat_search,
+                     compile_cache.CompileCache(cache_directory))
 
 
-def _check_in_processes(programs: dict, topology_name: str, jobs: int, remat_search: bool, progress,
+def _check_in_processes(programs: dict, topology_name: str, jobs: int, options: tuple, progress,
                         where: str) -> dict:
     """``check_run`` of each distinct program in ``jobs`` spawned processes (each compile is mostly one thread)."""
     import concurrent.futures
@@ -389,7 +404,7 @@ def _check_in_processes(programs: dict, topology_name: str, jobs: int, remat_sea
 
     context = multiprocessing.get_context("spawn")  # JAX's threads do not survive fork
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {pool.submit(_check_in_worker, name, config, topology_name, remat_search): key
+        futures = {pool.submit(_check_in_worker, name, config, topology_name, options): key
                    for key, (name, config) in programs.items()}
         if progress is not None:
             progress(f"compiling {len(futures)} programs for {where} in {jobs} processes ...")
@@ -397,7 +412,8 @@ def _check_in_processes(programs: dict, topology_name: str, jobs: int, remat_sea
         for future in concurrent.futures.as_completed(futures):
             done[futures[future]] = row = future.result()
             if progress is not None:
-                progress(f"  {row['name']}: {row['status']} ({row['compile_seconds']} s)")
+                cached = ", from the compile cache" if row["compile_cached"] else ""
+                progress(f"  {row['name']}: {row['status']} ({row['compile_seconds']} s{cached})")
     return done
 
 
@@ -431,6 +447,8 @@ def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = F
             "runs": len(rows), "runs_failing": sum(not row["fits"] for row in rows), "runs_unknown": unknown,
             "loops_counted": sum(row.get("loops_counted") or 0 for row in distinct),
             "loops_uncounted": sum(row.get("loops_uncounted") or 0 for row in distinct),
+            "programs_compiled": sum(not row.get("compile_cached") for row in distinct),
+            "programs_from_cache": sum(bool(row.get("compile_cached")) for row in distinct),
             "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours}
 
 
@@ -447,7 +465,8 @@ def main(sweep, args, runs=None) -> int:
 
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
     ``{"runs": [rows], "summary": {...}}`` instead of the table),
-    ``pod_wide``, ``jobs`` (compile processes) and ``remat_search``.
+    ``pod_wide``, ``jobs`` (compile processes), ``remat_search`` and
+    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``).
     ``runs`` (``RunSpec``s; default: the whole sweep) are the runs to check,
     e.g. after ``--only``.
     """
@@ -464,8 +483,11 @@ def main(sweep, args, runs=None) -> int:
     pod_wide = getattr(args, "pod_wide", False)
     jobs = getattr(args, "jobs", None) or 1
     started = time.perf_counter()
+    cache_directory = getattr(args, "compile_cache", None)
+    cache_directory = compile_cache.default_directory(
+        None if cache_directory is None else {compile_cache.VARIABLE: cache_directory})
     rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide, jobs=jobs,
-                      remat_search=getattr(args, "remat_search", False),
+                      remat_search=getattr(args, "remat_search", False), cache_directory=cache_directory,
                       progress=lambda text: print(text, file=sys.stderr, flush=True))
     summary = sweep_summary(rows, runs, topology.name, pod_wide)
     summary["preflight_seconds"] = round(time.perf_counter() - started, 1)

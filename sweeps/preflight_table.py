@@ -39,7 +39,8 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                       _cell(row["estimated_mfu"], ".1%", row), _cell(row["mfu_upper_bound"], ".1%", row),
                       _loops(row),
                       "same as " + row["same_program_as"] if row.get("same_program_as") else
-                      _cell(row["compile_seconds"], ".1f"), row["status"]))
+                      _cell(row["compile_seconds"], ".1f") + (" cached" if row.get("compile_cached") else ""),
+                      row["status"]))
     text = text_table(list(header), lines, align=("left",) + ("right",) * (len(header) - 1)).splitlines()
     for row in rows:
         if row.get("same_program_as"):
@@ -66,4 +67,7 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                     f"{summary['runs_estimated']} of {summary['runs']} runs estimated, {hours} "
                     f"({summary['in_parallel']} in parallel; training steps only); loops counted "
                     f"{summary.get('loops_counted', 0)}, uncounted {summary.get('loops_uncounted', 0)}")
+        if summary.get("programs_from_cache"):
+            text.append(f"programs: {summary['programs_compiled']} compiled, {summary['programs_from_cache']} from "
+                        "the compile cache (sweeps/compile_cache.py; --compile-cache off to compile all)")
     return "\n".join(text)

@@ -15,6 +15,8 @@ import tempfile
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The preflight keeps TPU compiles in ~/.cache by default; tests compile afresh unless they say otherwise.
+os.environ.setdefault("SCALING_PREFLIGHT_CACHE", "off")
 
 # Most tests train the same few tiny shapes, many of them in launcher and trainer
 # subprocesses, which would otherwise each compile them again; XLA compiling

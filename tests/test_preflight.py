@@ -206,15 +206,42 @@ def write_sweep(tmp_path, depths, widths):
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def cli_run(tmp_path_factory):
-    require_libtpu()
-    path = write_sweep(tmp_path_factory.mktemp("sweep"), (1, 48), {1: (64,), 48: (8192,)})
+def run_cli(path, *options):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        # Two programs in two processes: the parallel path, as the default takes it on a machine with 2 cores.
-        code = launch.main(["preflight", path, "--topology", TOPOLOGY, "--json", "--jobs", "2"])
+        code = launch.main(["preflight", path, "--topology", TOPOLOGY, "--json", *options])
     return code, json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def cli_sweep(tmp_path_factory):
+    require_libtpu()
+    folder = tmp_path_factory.mktemp("sweep")
+    return write_sweep(folder, (1, 48), {1: (64,), 48: (8192,)}), str(folder / "compile-cache")
+
+
+@pytest.fixture(scope="module")
+def cli_run(cli_sweep):
+    # Two programs in two processes: the parallel path, as the default takes it on a machine with 2 cores.
+    path, cache = cli_sweep
+    return run_cli(path, "--jobs", "2", "--compile-cache", cache)
+
+
+def test_a_repeated_preflight_takes_every_compile_from_the_cache_with_the_same_results(cli_sweep, cli_run):
+    path, cache = cli_sweep
+    first_code, first = cli_run
+    code, again = run_cli(path, "--jobs", "2", "--compile-cache", cache)
+    assert code == first_code == 1
+    assert (first["summary"]["programs_compiled"], first["summary"]["programs_from_cache"]) == (2, 0)
+    assert (again["summary"]["programs_compiled"], again["summary"]["programs_from_cache"]) == (0, 2)
+    for fresh, cached in zip(first["runs"], again["runs"]):  # a fit and an out-of-memory FAIL
+        assert not fresh["compile_cached"] and cached["compile_cached"]
+        assert {key for key in fresh if fresh[key] != cached[key]} <= {"compile_cached", "compile_seconds"}
+    table = preflight_table.format_table(again["runs"], again["summary"])
+    assert "cached" in table.splitlines()[1] and "2 from the compile cache" in table
+    # --compile-cache off compiles again.
+    _, uncached = run_cli(path, "--jobs", "1", "--only", "L1-*", "--compile-cache", "off")
+    assert uncached["summary"]["programs_compiled"] == 1 and not uncached["runs"][0]["compile_cached"]
 
 
 def test_cli_json_reports_every_run(cli_run):
@@ -277,7 +304,7 @@ def test_host_parallel_runs_are_checked_on_one_hosts_chips(slice_name, one_host)
     assert preflight.checked_topology(topology, pod_wide=True).name == slice_name
 
 
-def fake_row(name, config, topology, devices, remat_search=False):
+def fake_row(name, config, topology, devices, remat_search=False, cache=None):
     return {"name": name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
             "checked": (topology.name, len(devices))}
 
