@@ -28,7 +28,7 @@ import throughput  # first: it configures JAX and the allocator as the benchmark
 from scaling import cli
 
 
-def _median_ms(function, repeats: int, calls: int = 20) -> list[float]:
+def _times_ms(function, repeats: int, calls: int = 20) -> list[float]:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -59,8 +59,8 @@ def matmuls(width: int, repeats: int) -> list[dict]:
         torch_a, torch_b = torch.from_numpy(a), torch.from_numpy(b)
         ours, peer = [], []
         for _ in range(repeats):  # alternating, so both see the same machine
-            ours += _median_ms(lambda: product(a, b).block_until_ready(), 1)
-            peer += _median_ms(lambda: torch_a @ torch_b, 1)
+            ours += _times_ms(lambda: product(a, b).block_until_ready(), 1)
+            peer += _times_ms(lambda: torch_a @ torch_b, 1)
         ours_ms, peer_ms = statistics.median(ours), statistics.median(peer)
         rows.append({"shape": f"{m}x{k} @ {k}x{n}", "what": what, "jax_ms": ours_ms, "torch_ms": peer_ms,
                      "jax_gflops": 2 * m * k * n / ours_ms / 1e6, "torch_gflops": 2 * m * k * n / peer_ms / 1e6,

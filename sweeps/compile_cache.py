@@ -40,10 +40,11 @@ MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_i
                  "peak_memory_in_bytes")
 
 
-def default_directory(environ=None) -> str | None:
-    """``$SCALING_PREFLIGHT_CACHE`` ("off" for none), else ``$XDG_CACHE_HOME/scaling/preflight`` (~/.cache/...)."""
+def default_directory(option: str | None = None, environ=None) -> str | None:
+    """The cache directory, or None for no cache: ``option`` (``--compile-cache``; "off" for none), else
+    ``$SCALING_PREFLIGHT_CACHE``, else ``$XDG_CACHE_HOME/scaling/preflight`` (~/.cache/...)."""
     environ = os.environ if environ is None else environ
-    chosen = environ.get(VARIABLE)
+    chosen = option if option is not None else environ.get(VARIABLE)
     if chosen is not None:
         return None if chosen.strip().lower() in ("", "off", "0", "none") else chosen
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -483,9 +483,7 @@ def main(sweep, args, runs=None) -> int:
     pod_wide = getattr(args, "pod_wide", False)
     jobs = getattr(args, "jobs", None) or 1
     started = time.perf_counter()
-    cache_directory = getattr(args, "compile_cache", None)
-    cache_directory = compile_cache.default_directory(
-        None if cache_directory is None else {compile_cache.VARIABLE: cache_directory})
+    cache_directory = compile_cache.default_directory(getattr(args, "compile_cache", None))
     rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide, jobs=jobs,
                       remat_search=getattr(args, "remat_search", False), cache_directory=cache_directory,
                       progress=lambda text: print(text, file=sys.stderr, flush=True))

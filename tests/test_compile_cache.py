@@ -99,6 +99,9 @@ def test_no_directory_compiles_every_time(tmp_path):
 
 
 def test_the_directory_comes_from_the_variable_or_the_user_cache(tmp_path):
-    assert compile_cache.default_directory({"SCALING_PREFLIGHT_CACHE": "off"}) is None
-    assert compile_cache.default_directory({"SCALING_PREFLIGHT_CACHE": str(tmp_path)}) == str(tmp_path)
-    assert compile_cache.default_directory({"XDG_CACHE_HOME": "/x"}) == os.path.join("/x", "scaling", "preflight")
+    assert compile_cache.default_directory(environ={"SCALING_PREFLIGHT_CACHE": "off"}) is None
+    assert compile_cache.default_directory(environ={"SCALING_PREFLIGHT_CACHE": str(tmp_path)}) == str(tmp_path)
+    assert compile_cache.default_directory(environ={"XDG_CACHE_HOME": "/x"}) == os.path.join("/x", "scaling", "preflight")
+    # --compile-cache wins over the variable.
+    assert compile_cache.default_directory("off", environ={"SCALING_PREFLIGHT_CACHE": str(tmp_path)}) is None
+    assert compile_cache.default_directory("/y", environ={"SCALING_PREFLIGHT_CACHE": "off"}) == "/y"
