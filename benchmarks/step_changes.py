@@ -1,4 +1,4 @@
-"""Two side-by-side CPU measurements behind the throughput benchmark's ratios to the PyTorch peer.
+"""Three side-by-side CPU measurements behind the throughput benchmark's ratios to the PyTorch peer.
 
 ``--part matmuls``: each matrix product of the benchmark's train step at a
 width (forward ``[tokens, d] @ [d, 4d]`` and the rest, backward weight
@@ -13,12 +13,24 @@ built twice in one process, with the XLA attention's causal query blocks
 [T, T] square, as before), timed alternately, 2 steps at a time, medians.
 One process and alternating rounds keep the machine's drift out of the ratio.
 
+``--part composition``: where, between one layer and the whole step, the
+gap to the peer opens. In one process, alternating, for ours and for
+nanoGPT (needs ``--peer``): the forward and backward pass of one layer alone
+(``scaling.model.Block``, gradients for its parameters and its input, against
+a random output gradient), of the model (``scaling.loss.loss_and_grads``; the
+peer's ``loss.backward()``), and the whole train step (the benchmark's).
+Ours also times ``depth`` layers chained in one program without the
+embedding and loss. Each row gives ms and the peer's time over ours (above
+1: ours is faster).
+
     python benchmarks/step_changes.py --part matmuls --width 256
     python benchmarks/step_changes.py --part causal-blocks --configs 2x64 4x128 4x256 --rounds 20
+    python benchmarks/step_changes.py --part composition --configs 4x256 --peer /path/to/nanoGPT/model.py
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -91,13 +103,89 @@ def causal_blocks(depth: int, width: int, rounds: int) -> dict:
             "square_ms": square, "blocked_ms": blocked, "speedup": square / blocked}
 
 
+def composition(depth: int, width: int, peer_path: str, rounds: int) -> list[dict]:
+    """ms of one layer, ``depth`` chained layers (ours only), the model's gradients and the train step,
+    ours and the peer's, timed alternately in this process (medians of ``rounds``)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    from scaling.loss import loss_and_grads
+    from scaling.model import Block
+
+    torch.set_num_threads(throughput.THREADS)
+    config = throughput.train_config(depth, width).model
+    shape = (throughput.BATCH, throughput.SEQ_LEN, width)
+    rng = np.random.default_rng(0)
+    x, out_grad = (jnp.asarray(rng.standard_normal(shape, np.float32)) for _ in range(2))
+    mask = jnp.ones(shape[:2], jnp.float32)
+
+    class Layers(nn.Module):
+        count: int
+
+        @nn.compact
+        def __call__(self, x):
+            for index in range(self.count):
+                x, _ = Block(config, name=f"layer_{index}")(x, mask)
+            return x
+
+    def layers_grads(count):
+        layers = Layers(count)
+        params = nn.unbox(layers.init(jax.random.PRNGKey(0), x)["params"])
+        grads = jax.jit(jax.grad(lambda p, x: jnp.sum(layers.apply({"params": p}, x) * out_grad), argnums=(0, 1)))
+        return lambda: jax.block_until_ready(grads(params, x))
+
+    ours = throughput.Ours(depth, width, scan_layers=depth > throughput.UNROLL_UP_TO_DEPTH)
+    model_grads = jax.jit(lambda params, batch: loss_and_grads(ours.model, params, batch)[2])
+    peer = throughput.Peer(throughput.load_peer(peer_path), depth, width)
+    peer_block = peer.model.transformer.h[0]
+    peer_x, peer_out_grad = (torch.from_numpy(np.array(a)) for a in (x, out_grad))
+    peer_x.requires_grad_(True)
+
+    def peer_layer():
+        peer.model.zero_grad(set_to_none=True)
+        peer_x.grad = None
+        (peer_block(peer_x) * peer_out_grad).sum().backward()
+
+    def peer_model():
+        _, loss = peer.model(peer.inputs, peer.targets)
+        peer.model.zero_grad(set_to_none=True)
+        loss.backward()
+
+    measured = {
+        "one layer": (layers_grads(1), peer_layer),
+        f"{depth} layers chained": (layers_grads(depth), None),
+        "model gradients": (lambda: jax.block_until_ready(model_grads(ours.state["params"], ours.batch)), peer_model),
+        "train step": (lambda: ours.run(1), lambda: peer.run(1)),
+    }
+    times = {(what, side): [] for what, pair in measured.items() for side, f in zip(("ours", "peer"), pair) if f}
+    for function in (f for pair in measured.values() for f in pair if f):
+        function()  # compile and warm up
+    for _ in range(rounds):
+        for what, pair in measured.items():
+            for side, function in zip(("ours", "peer"), pair):
+                if function:
+                    times[(what, side)] += _times_ms(function, 1, calls=2)
+    rows = []
+    for what in measured:
+        ours_ms = statistics.median(times[(what, "ours")])
+        peer_ms = statistics.median(times[(what, "peer")]) if (what, "peer") in times else None
+        rows.append({"config": f"{depth}x{width}", "what": what, "ours_ms": ours_ms, "peer_ms": peer_ms,
+                     "peer_over_ours": None if peer_ms is None else peer_ms / ours_ms})
+    return rows
+
+
 def main() -> None:
     parser = cli.doc_parser(__doc__)
-    parser.add_argument("--part", choices=("matmuls", "causal-blocks"), required=True,
+    parser.add_argument("--part", choices=("matmuls", "causal-blocks", "composition"), required=True,
                         help="which measurement (see above)")
     parser.add_argument("--width", type=int, default=256, help="model width for --part matmuls (default: 256)")
     parser.add_argument("--configs", nargs="+", default=["2x64", "4x128", "4x256"], metavar="LxD",
-                        help="depth x width pairs for --part causal-blocks (default: %(default)s)")
+                        help="depth x width pairs for --part causal-blocks and composition (default: %(default)s)")
+    parser.add_argument("--peer", default=os.environ.get("NANOGPT_MODEL"),
+                        help="nanoGPT's model.py, for --part composition (default: $NANOGPT_MODEL)")
     parser.add_argument("--rounds", type=int, default=20, help="alternating rounds (default: 20)")
     args = parser.parse_args()
     if args.rounds < 1 or args.width < 1:
@@ -115,6 +203,17 @@ def main() -> None:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    if args.part == "composition":
+        if not args.peer:
+            print("error: --part composition needs --peer PATH (nanoGPT's model.py) or NANOGPT_MODEL", file=sys.stderr)
+            sys.exit(2)
+        print(f"{'L x d':>7} {'what':>20} {'ours ms':>8} {'peer ms':>8} {'peer/ours':>9}")
+        for depth, width in configs:
+            for row in composition(depth, width, args.peer, args.rounds):
+                peer_ms = "" if row["peer_ms"] is None else f"{row['peer_ms']:.1f}"
+                ratio = "" if row["peer_over_ours"] is None else f"{row['peer_over_ours']:.3f}"
+                print(f"{row['config']:>7} {row['what']:>20} {row['ours_ms']:>8.1f} {peer_ms:>8} {ratio:>9}")
+        return
     print(f"{'L x d':>7} {'blocks':>6} {'square ms':>9} {'blocked ms':>10} {'speedup':>7}")
     for depth, width in configs:
         row = causal_blocks(depth, width, args.rounds)

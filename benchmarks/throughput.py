@@ -137,6 +137,7 @@ class Ours:
         self.config = train_config(depth, width, **model_changes)
         mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
         program = program_lib.build(self.config, mesh)
+        self.model = program.model
         self.batch = random_batch(mesh)
         self.hparams = jax.device_put(program_lib.hyperparameters(self.config), mesh_lib.replicated(mesh))
         self.step = program.train_step
