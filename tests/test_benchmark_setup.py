@@ -53,3 +53,24 @@ def test_step_profile_names_the_model_part_of_a_matrix_product():
     assert part("jit(train_step)/jvp(Transformer)/layers_1/attention/bqhd,bkhd->bhqk/dot_general") == \
         "attention scores+mix"
     assert part("jit(train_step)/transpose(jvp())/dot_general") == "embedding+loss"
+
+
+def test_tpu_compile_flags_sums_libtpus_stage_timings_keeping_the_last_cumulative_report():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import tpu_compile_flags
+
+    log = "\n".join([
+        "I1124 15:04:19.5 1 deepsea_compiler_hlo_passes.cc:6241] HLO_PASSES stage duration: 1.2s",
+        "I1124 15:04:20.2 1 deepsea_compiler_backend.cc:3422] XLA::TPU LLO dependency graph-based optimizations "
+        "and scheduling time: 2.23 ms (2232 us) (cumulative: 3.21 ms, max: 2.23 ms, #called: 2)",
+        "I1124 15:04:20.1 1 deepsea_compiler_base.cc:1290] XLA::TPU memory space and buffer assignment time: "
+        "272 ms (272129 us) (cumulative: 272 ms, max: 272 ms, #called: 1)",
+        "I1124 15:04:49.9 1 deepsea_compiler_backend.cc:3422] XLA::TPU LLO dependency graph-based optimizations "
+        "and scheduling time: 20 us (20 us) (cumulative: 15.2 s, max: 1.3 s, #called: 217)",
+        "I1124 15:04:50.0 1 deepsea_compiler_base.cc:3612] XLA::TPU run backend time: 29.2 s (29209199 us) "
+        "(cumulative: 29.2 s, max: 29.2 s, #called: 1)",
+    ])
+    stages = tpu_compile_flags.stage_seconds(log)
+    assert stages == {"XLA::TPU LLO dependency graph-based optimizations and scheduling": (15.2, 217),
+                      "XLA::TPU memory space and buffer assignment": (0.272, 1),
+                      "XLA::TPU run backend": (29.2, 1)}
