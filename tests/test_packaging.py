@@ -1,57 +1,35 @@
-"""The files people look for: licence, citation, changelog, type markers, console scripts."""
+"""The extras install together: pip's resolver finds one set of versions for `.[dev,tpu,cloud]`.
 
-import importlib
+SkyPilot caps click below 8.2 while recent wandb needs click 8.2 or newer; the
+cloud extra pins both so that the resolver of the pip a fresh virtual
+environment ships (older than the newest pip, which backtracks further) finds
+a solution. This asks the package registry, so it is marked slow and `.ci/run`
+runs it by name.
+"""
+
+import json
 import subprocess
 import sys
-import tomllib
+import venv
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_license_is_the_full_text_pyproject_names():
-    assert PYPROJECT["project"]["license"]["text"] == "Apache-2.0"
-    text = (REPO / "LICENSE").read_text()
-    assert "Apache License" in text and "Version 2.0, January 2004" in text
-    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text and "END OF TERMS AND CONDITIONS" in text
-
-
-def test_citation_names_this_version_and_both_papers():
-    import yaml
-
-    citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
-    assert citation["cff-version"] == "1.2.0" and citation["license"] == "Apache-2.0"
-    assert citation["version"] == PYPROJECT["project"]["version"]
-    titles = {reference["title"] for reference in citation["references"]}
-    assert {"Limits to Depth-Efficiencies of Self-Attention", "Overcoming a Theoretical Limitation of Self-Attention"} == titles
-    readme = (REPO / "README.md").read_text()
-    assert readme.count("@inproceedings{") >= 2  # the BibTeX of both papers
-
-
-def test_changelog_tells_the_current_version():
-    changelog = (REPO / "CHANGELOG.md").read_text()
-    assert f"## {PYPROJECT['project']['version']} " in changelog
-
-
-@pytest.mark.parametrize("package", ["scaling", "sweeps", "analysis"])
-def test_packages_are_typed(package):
-    assert (REPO / package / "py.typed").exists()
-    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"][package]
-
-
-@pytest.mark.parametrize("name, target", sorted(PYPROJECT["project"]["scripts"].items()))
-def test_console_scripts_start_their_command_under_their_own_name(name, target):
-    assert name.startswith("depth-width-")
-    module, function = target.split(":")
-    assert callable(getattr(importlib.import_module(module), function))
-    code = f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; sys.exit({function}(['--help']))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"usage: {name} "), done.stdout[:200]
-
-
-def test_the_notebooks_extra_brings_jupyterlab():
-    assert any(requirement.startswith("jupyterlab") for requirement in PYPROJECT["project"]["optional-dependencies"]["notebooks"])
+@pytest.mark.slow
+def test_every_extra_resolves_together_with_the_pip_a_new_venv_ships(tmp_path):
+    venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
+    pip = [str(tmp_path / "venv" / "bin" / "python3"), "-m", "pip"]
+    report = tmp_path / "report.json"
+    out = subprocess.run(
+        [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+         "-e", f"{ROOT}[dev,tpu,cloud]"],
+        capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+              for item in json.loads(report.read_text())["install"]}
+    assert {"skypilot", "wandb", "click", "jax"} <= set(chosen), sorted(chosen)
+    major, minor = (int(part) for part in chosen["click"].split(".")[:2])
+    assert (major, minor) < (8, 2), chosen["click"]  # what SkyPilot 0.14 accepts
