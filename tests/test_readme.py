@@ -105,6 +105,38 @@ def test_every_block_is_run_or_says_why_not():
     assert any(b.kind == "needs libtpu" and " preflight " in b.text for b in blocks), "a preflight block is run"
 
 
+def test_a_new_user_reads_set_up_main_job_answers_and_own_sweep_first():
+    readme = (REPO / "README.md").read_text()
+    sections = re.findall(r"^## (.+)$", readme, flags=re.M)
+    first = ["Set up", "The main job: a sweep in a few minutes on a CPU", "Ask the paper's fit", "Sweeps"]
+    assert sections[:len(first)] == first, sections
+    for later in ("Results", "Run on a TPU pod", "Run on GPUs"):
+        assert sections.index(later) > sections.index("Train one model"), sections
+    # the plain install for users is named beside the contributors' dev extra
+    assert "python3 -m pip install -e ." in readme
+
+
+def test_blocks_that_need_an_account_or_hardware_say_so_in_visible_text():
+    readme = (REPO / "README.md").read_text()
+    for match in FENCE.finditer(readme):
+        if match.group(1) != "bash":
+            continue
+        before = readme[:match.start()].rstrip("\n").rsplit("\n", 1)
+        marker = MARKER.fullmatch(before[-1].strip())
+        if not marker or not marker.group(1).startswith("skip (needs"):
+            continue
+        # the paragraph above the marker, as a reader sees it, names what the block needs
+        visible = before[0].rstrip("\n").rsplit("\n\n", 1)[-1]
+        assert re.search(r"\*\*Needs ", visible), f"say in visible text what this block needs:\n{match.group(0)}"
+
+
+def test_no_block_writes_into_the_repository_root():
+    blocks, _ = readme_blocks((REPO / "README.md").read_text())
+    for block in blocks:
+        for target in re.findall(r"--(?:out|save) (\S+)", block.text):
+            assert "/" in target.rstrip("/") or target in ("figures", "runs"), f"{target} lands in the repository root: {block}"
+
+
 def test_the_blocks_ci_runs_are_in_ci_verbatim():
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     blocks, _ = readme_blocks((REPO / "README.md").read_text())
