@@ -40,6 +40,9 @@ def abstract_params(config: ModelConfig, *, padded: bool = False) -> dict:
 
     from scaling.model import VOCAB_MULTIPLE, Transformer
 
+    # The parameters do not depend on how attention is computed, and the fused kernel needs whole
+    # 128-token blocks where this traces 8 tokens: trace the XLA path.
+    config = dataclasses.replace(config, attention_impl="xla")
     model = Transformer(config, vocab_multiple=VOCAB_MULTIPLE if padded else 1)
     tokens = jax.ShapeDtypeStruct((1, min(config.max_seq_len, 8)), jnp.int32)
     variables = jax.eval_shape(lambda t: model.init(jax.random.PRNGKey(0), t), tokens)

@@ -37,7 +37,14 @@ CLASSIFICATION_SOURCES = ("parity", "first")
 SYNTHETIC_SOURCES = CLASSIFICATION_SOURCES + ("lookback",)
 Source = Literal[TEXT_SOURCES + SYNTHETIC_SOURCES]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
-PositionEncoding = Literal["learned", "sinusoidal", "first_indicator"]
+PositionEncoding = Literal["learned", "sinusoidal", "first_indicator", "rope"]
+# ``gpt``: the paper's 2020 block (LayerNorm, ReLU/GELU feed-forward, additive positions, optional biases).
+# ``llama``: RMSNorm, SwiGLU feed-forward, rotary positions, no biases (the block MaxText and Levanter train).
+Block = Literal["gpt", "llama"]
+# ``gelu`` is Flax's default, the tanh approximation, and keeps that meaning (and run ids) for old
+# configs; ``gelu_tanh`` names the same function explicitly, ``gelu_exact`` is x·Φ(x) with the error function.
+# ``swiglu`` is the llama block's gated feed-forward (SiLU gate), set by that block.
+Activation = Literal["relu", "gelu", "gelu_tanh", "gelu_exact", "swiglu"]
 AttentionScale = Literal["standard", "log_length"]
 AttentionImpl = Literal["xla", "flash"]
 Dtype = Literal["float32", "bfloat16"]
@@ -68,12 +75,13 @@ class ModelConfig:
     num_heads: PositiveInt | None = None
     head_dim: PositiveInt = 64
     ff_multiplier: PositiveInt = 4
+    block: Block = "gpt"
     vocab_size: Annotated[int, Field(ge=2)] = 260
     max_seq_len: PositiveInt = 256
     objective: Literal["causal", "masked"] = "causal"
     mask_rate: Fraction = 0.15  # masked objective only: fraction of positions predicted
     norm: Literal["pre", "post"] = "pre"
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Activation = "relu"
     # ``first_indicator``: no position vector except a fixed 1 added to channel 0
     # at position 1 (the first bit after CLS), the encoding the authors of
     # "Overcoming a Theoretical Limitation of Self-Attention" trained FIRST with;
@@ -111,6 +119,23 @@ class ModelConfig:
         else:
             _require(self.width % self.head_dim == 0 or self.width < self.head_dim, "head_dim",
                      f"a divisor of width={self.width} (or larger than width, giving one head)", self.head_dim)
+        if self.block == "llama":
+            # The llama block fixes its norm, feed-forward and positions: the gpt block's defaults
+            # (pre-norm, relu, learned) stand for "the block's own" and become pre / swiglu / rope;
+            # any other explicit choice contradicts the block and is refused.
+            for field, gpt_default, own in (("norm", "pre", "pre"), ("activation", "relu", "swiglu"),
+                                            ("position", "learned", "rope")):
+                value = getattr(self, field)
+                _require(value in (gpt_default, own), field, f"{own!r} with model.block='llama'", value)
+                object.__setattr__(self, field, own)
+            _require(not self.use_bias, "use_bias", "False with model.block='llama' (it has no biases)",
+                     self.use_bias)
+        else:
+            _require(self.activation != "swiglu", "activation",
+                     "'relu', 'gelu', 'gelu_tanh' or 'gelu_exact' with model.block='gpt'", self.activation)
+        if self.position == "rope":
+            _require(self.attention_head_dim % 2 == 0, "head_dim",
+                     "an even head size with rotary positions (channels rotate in pairs)", self.attention_head_dim)
 
     @property
     def heads(self) -> int:
@@ -124,7 +149,22 @@ class ModelConfig:
 
     @property
     def ff_width(self) -> int:
+        """The feed-forward hidden width, in channels.
+
+        The gpt block's two matrices hold 2·d·(ff_multiplier·d) weights. The
+        llama block's three SwiGLU matrices (gate, up, down) hold 3·d·h, so
+        h = 2·ff_multiplier·d/3 rounded to the nearest channel keeps the same
+        count as closely as whole channels allow (8·d² for the default 4);
+        ``scaling.budget.count_params`` reports the exact count.
+        """
+        if self.block == "llama":
+            return max(1, round(2 * self.ff_multiplier * self.width / 3))
         return self.ff_multiplier * self.width
+
+    @property
+    def ff_matrices(self) -> int:
+        """How many [width, ff_width]-sized matrices one feed-forward holds (2, or 3 for SwiGLU)."""
+        return 3 if self.block == "llama" else 2
 
 
 @_section
@@ -359,7 +399,11 @@ _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "lo
 # it did before the field existed, so adding a field never orphans records.
 # Add every new result-changing field here with its default; never change an
 # existing default (add a field instead).
-_NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0}
+_NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0,
+                                   "model.block": "gpt"}
+# Spellings of one model: hashed as the older name, so a config that names the same function
+# anew keeps the run id of the records trained before the new name existed.
+_SAME_AS: dict[str, dict[Any, Any]] = {"model.activation": {"gelu_tanh": "gelu"}}
 
 
 def _parent(data: dict, dotted: str) -> tuple[dict, str]:
@@ -379,6 +423,10 @@ def _identity(config: TrainConfig) -> dict:
         node, leaf = _parent(data, dotted)
         if leaf in node and node[leaf] == neutral:
             del node[leaf]
+    for dotted, spellings in _SAME_AS.items():
+        node, leaf = _parent(data, dotted)
+        if node.get(leaf) in spellings:
+            node[leaf] = spellings[node[leaf]]
     return data
 
 

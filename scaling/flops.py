@@ -44,12 +44,13 @@ class TrainingFlops:
 def training_flops_per_token(model: ModelConfig, seq_len: int) -> TrainingFlops:
     """Forward + backward FLOPs per trained token of ``model`` on sequences of ``seq_len`` tokens.
 
-    ``total`` = 6·(L·(4·d² + 2·d·f) + V·d) + 12·L·T·d, in FLOPs per token.
+    ``total`` = 6·(L·(4·d² + m·d·f) + V·d) + 12·L·T·d, in FLOPs per token, where f is the
+    feed-forward width and m its matrix count (2, or 3 for the llama block's SwiGLU).
     """
     if seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} is invalid: allowed an integer >= 1")
     depth, width = model.depth, model.width
-    return TrainingFlops(layers=6.0 * depth * (4 * width**2 + 2 * width * model.ff_width),
+    return TrainingFlops(layers=6.0 * depth * (4 * width**2 + model.ff_matrices * width * model.ff_width),
                          unembedding=6.0 * model.vocab_size * width,
                          attention=12.0 * depth * seq_len * width)
 

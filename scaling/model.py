@@ -8,12 +8,14 @@ One ``Transformer`` covers both objectives of the seeds:
 The losses of both live in ``scaling.loss``, which never forms the whole
 [batch, length, vocab] logits at once.
 
-Each layer is the paper's block: multi-head softmax attention scaled by
+Each layer (``block="gpt"``) is the paper's block: multi-head softmax attention scaled by
 1/sqrt(d_a), then a position-wise feed-forward of width ``ff_multiplier * d``,
 each with a residual connection and LayerNorm (pre- or post-norm). With the
 default ``ff_multiplier=4`` and no biases, one layer holds exactly 12·d²
 weights in its attention and feed-forward kernels, which is the N = 12·L·d²
-that every budget in this project counts.
+that every budget in this project counts. ``block="llama"`` is today's
+variant: RMSNorm, a SwiGLU feed-forward whose hidden width keeps the layer at
+12·d² weights as nearly as whole channels allow, rotary positions, no biases.
 
 Every parameter carries logical axis names (``embed``, ``heads``, ``kv``,
 ``mlp``, ``vocab``, ``layers``, ...); ``scaling.mesh`` maps them to mesh axes.
@@ -114,7 +116,11 @@ def _zeros(axes: tuple[str, ...]):
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+def _layer_norm(config: ModelConfig, name: str) -> nn.Module:
+    """The block's normalisation: LayerNorm (gpt) or RMSNorm without an offset (llama)."""
+    if config.block == "llama":
+        return nn.RMSNorm(epsilon=1e-5, dtype=_DTYPES[config.compute_dtype], param_dtype=_DTYPES[config.param_dtype],
+                          scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), name=name)
     return nn.LayerNorm(
         epsilon=1e-5,
         use_bias=True,
@@ -150,7 +156,32 @@ def attention_logit_scale(config: ModelConfig, length: int, input_mask: jax.Arra
 # Recomputing GELU in the backward pass keeps one [tokens, ff_width] array
 # alive instead of the five intermediates autodiff would save; on CPU that is
 # both less memory and faster (the same numbers, computed twice).
-_gelu = jax.checkpoint(nn.gelu)
+_ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": jax.checkpoint(functools.partial(nn.gelu, approximate=True)),  # the tanh approximation
+    "gelu_tanh": jax.checkpoint(functools.partial(nn.gelu, approximate=True)),
+    "gelu_exact": jax.checkpoint(functools.partial(nn.gelu, approximate=False)),  # x·Φ(x), with erf
+}
+
+ROPE_BASE = 10000.0  # the rotary base of "RoFormer: Enhanced Transformer with Rotary Position Embedding", section 3.2.2
+
+
+def rotary_positions(x: jax.Array, base: float = ROPE_BASE) -> jax.Array:
+    """Rotary position embedding of queries or keys ``x`` [batch, length, heads, head_dim].
+
+    Channel i of the first half and channel i of the second half form a pair,
+    rotated by the angle position·base^(-2i/head_dim) (the "rotate half"
+    layout of GPT-NeoX and Llama; RoFormer, section 3.4.2, pairs neighbours
+    instead, the same rotation on permuted channels). Computed in float32, so
+    q·k depends on the positions only through their difference.
+    """
+    half = x.shape[-1] // 2
+    frequency = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * frequency[None, :]  # [length, half]
+    cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
+    first, second = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(x.dtype)
 
 
 class SelfAttention(nn.Module):
@@ -180,6 +211,8 @@ class SelfAttention(nn.Module):
             return constrain(out.reshape(batch, length, heads, head_dim), ("batch", "length", "heads", "kv"))
 
         query, key, value = projection("query"), projection("key"), projection("value")
+        if cfg.position == "rope":
+            query, key = rotary_positions(query), rotary_positions(key)
         mixed = attention(query, key, value, attention_logit_scale(cfg, length, input_mask),
                           causal=cfg.objective == "causal", input_mask=input_mask,
                           implementation=cfg.attention_impl)
@@ -203,11 +236,16 @@ class FeedForward(nn.Module):
                                   param_dtype=_DTYPES[cfg.param_dtype])
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])  # 2-D matmuls, as in SelfAttention
-        hidden = dense(cfg.ff_width, kernel_init=_init(cfg, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
-                       name="wi")(tokens)
-        # Tokens are batch-major, so splitting them in contiguous blocks is splitting the batch.
-        hidden = constrain(hidden, ("batch", "mlp"))
-        hidden = nn.relu(hidden) if cfg.activation == "relu" else _gelu(hidden)
+        def expand(name):
+            hidden = dense(cfg.ff_width, kernel_init=_init(cfg, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
+                           name=name)(tokens)
+            # Tokens are batch-major, so splitting them in contiguous blocks is splitting the batch.
+            return constrain(hidden, ("batch", "mlp"))
+
+        if cfg.activation == "swiglu":  # "GLU Variants Improve Transformer", section 2: SiLU(x·W)⊙(x·V)
+            hidden = nn.silu(expand("wi_gate")) * expand("wi")
+        else:
+            hidden = _ACTIVATIONS[cfg.activation](expand("wi"))
         out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
         out = dense(cfg.width, kernel_init=_init(cfg, ("mlp", "embed"), out_std), bias_init=_zeros(("embed",)),
                     name="wo")(hidden)
@@ -318,8 +356,9 @@ class Transformer(nn.Module):
             x = x + table[:length].astype(x.dtype)
         elif cfg.position == "sinusoidal":
             x = x + sinusoidal_positions(length, cfg.width).astype(x.dtype)
-        else:
+        elif cfg.position == "first_indicator":
             x = x + first_indicator_positions(length, cfg.width).astype(x.dtype)
+        # "rope": nothing is added here; the attention rotates queries and keys by position
         x = constrain(nn.Dropout(cfg.dropout, deterministic=deterministic)(x), RESIDUAL)
 
         block = Block

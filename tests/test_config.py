@@ -20,7 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
     ("objective", {"objective": "seq2seq"}),
     ("norm", {"norm": "sandwich"}),
     ("activation", {"activation": "swish"}),
-    ("position", {"position": "rope"}),
+    ("position", {"position": "alibi"}),
     ("attention_scale", {"attention_scale": "cosine"}),
     ("dropout", {"dropout": 1.5}),
     ("remat", {"remat": "sometimes"}),
@@ -41,9 +41,9 @@ def test_flash_needs_sequences_in_blocks_of_128():
 
 
 def test_literal_fields_list_their_choices_once():
-    assert choices(PositionEncoding) == ("learned", "sinusoidal", "first_indicator")
-    with pytest.raises(ValueError, match="'learned', 'sinusoidal' or 'first_indicator'"):
-        ModelConfig(position="rope")
+    assert choices(PositionEncoding) == ("learned", "sinusoidal", "first_indicator", "rope")
+    with pytest.raises(ValueError, match="'learned', 'sinusoidal', 'first_indicator' or 'rope'"):
+        ModelConfig(position="alibi")
 
 
 

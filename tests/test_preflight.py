@@ -154,6 +154,18 @@ def test_flash_attention_compiles_for_tpu_and_its_kernels_are_counted(devices):
     assert flash_row["flops"] == pytest.approx(xla_row["flops"], rel=0.1)
 
 
+@pytest.mark.parametrize("attention_impl", ["xla", "flash"])
+def test_llama_block_compiles_for_tpu_with_fsdp_and_its_flops_are_counted(devices, attention_impl):
+    config = TrainConfig(model=ModelConfig(depth=2, width=128, head_dim=64, max_seq_len=128, block="llama",
+                                           compute_dtype="bfloat16", attention_impl=attention_impl, remat="dots"),
+                         data=DataConfig(seq_len=128), batch_size=8, mesh=MeshConfig(data=1, fsdp=-1))
+    row = check(f"llama-{attention_impl}", config, devices)
+    assert row["status"] == "PASS" and row["loops_uncounted"] == 0 and row["kernels_uncounted"] == [], row
+    tokens = config.batch_size * config.data.seq_len
+    layer_flops = 6 * budget.count_params(config.model)["non_embedding"] * tokens
+    assert layer_flops / 4 <= row["flops"], row  # at least the layers' matrix products, per chip
+
+
 def test_oversized_run_without_fsdp_does_not_fit(devices):
     row = check("huge", oversized(), devices)
     assert row["fits"] is False and row["status"] == "FAIL"
