@@ -378,6 +378,23 @@ def build(config: DataConfig) -> Pipeline:
     return build_text(config)
 
 
+def program_arguments(data_config: DataConfig, objective: str, vocab_size: int) -> dict:
+    """The keyword arguments ``scaling.program.build`` takes from the data, without loading any.
+
+    ``vocab_size`` is the resolved model's (the tokenizer's base ids plus the
+    special tokens, which every pipeline appends in ``SPECIAL_TOKENS`` order).
+    The trainer and the TPU preflight both call this, so the preflight prices
+    the very program a run trains: the two-logit loss of a classification task
+    (``label_ids``), the masked objective's mask id, the random-token range.
+    """
+    classification = data_config.source in CLASSIFICATION_SOURCES
+    masked = objective == "masked" and not classification
+    special_base = vocab_size - len(SPECIAL_TOKENS)
+    return {"mask_id": special_base + SPECIAL_TOKENS.index("mask") if masked else None,
+            "random_token_limit": vocab_size,
+            "label_ids": ClassificationTask.LABEL_TOKENS if classification else None}
+
+
 def batch_digest(batch: dict[str, np.ndarray]) -> str:
     """SHA-256 hex of a batch's ``inputs`` as little-endian int32, row-major."""
     return hashlib.sha256(np.ascontiguousarray(batch["inputs"], dtype="<i4").tobytes()).hexdigest()

@@ -78,6 +78,7 @@ class Program:
     init: Callable  # key -> state
     train_step: Callable  # (state, batch, hparams) -> (state, metrics)
     eval_step: Callable  # (params, batch, rng) -> (loss_sum, tokens, correct); correct is 0 without label_ids
+    shape: ProgramShape  # what it was built from (the trainer and the preflight build from the same one)
 
 
 def hyperparameters(config: TrainConfig) -> dict[str, np.ndarray]:
@@ -159,7 +160,7 @@ def _build(shape: ProgramShape, mesh) -> Program:
     eval_step = jax.jit(sharded_activations(_eval_step(shape, model)),
                         in_shardings=(state_shardings["params"], batch_sharding, replicated),
                         out_shardings=(replicated, replicated, replicated))
-    return Program(model, mesh, state_shardings, abstract_state, abstract_hparams, init, train_step, eval_step)
+    return Program(model, mesh, state_shardings, abstract_state, abstract_hparams, init, train_step, eval_step, shape)
 
 
 def _losses(shape: ProgramShape) -> dict:

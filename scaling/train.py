@@ -107,6 +107,8 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         pipeline = data.build(config.data)
         outcome.record = outcome.record.replace(data_fingerprint=pipeline.fingerprint)
         config = resolve_config(config, pipeline)
+        # The record was begun from the user's config; its parameter counts follow the tokenizer's vocabulary.
+        outcome.record = outcome.record.replace(**_param_counts(config))
         started = time.perf_counter()  # wall seconds count compilation and evaluation, not loading the data
         program = _program_for(config, pipeline, devices)
         checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state,
@@ -162,16 +164,21 @@ def _new_record(config: TrainConfig, run_dir: epath.Path) -> records.RunRecord:
     """The record of a run about to train (status ``running``); writes its ``config.json``."""
     if jax.process_index() == 0:
         write_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2, sort_keys=True))
-    counts = budget.count_params(config.model)
     return records.RunRecord(
         run_id=config_id(config), status="running", depth=config.model.depth, width=config.model.width,
         seed=config.seed, params_non_embedding=budget.non_embedding_params(config.model.depth, config.model.width),
         name=config.name, sweep=config.sweep_name, point_id=config_id(dataclasses.replace(config, seed=0)),
-        heads=config.model.heads, params_total=counts["total"], params_embedding=counts["embedding"],
+        heads=config.model.heads, **_param_counts(config),
         lr_rule=config.optim.lr_rule, peak_lr=config.optim.peak_lr,
         peak_lr_hidden=optim_lib.learning_rates(config.optim, config.model)["hidden"],
         code_version=rundir.code_version(), tokens_per_step=config.batch_size * config.data.seq_len,
         planned_steps=config.steps)
+
+
+def _param_counts(config: TrainConfig) -> dict:
+    """The record's exact parameter counts of ``config``'s model (total and embedding tables)."""
+    counts = budget.count_params(config.model)
+    return {"params_total": counts["total"], "params_embedding": counts["embedding"]}
 
 
 @dataclasses.dataclass
@@ -215,9 +222,8 @@ def _program_for(config: TrainConfig, pipeline, devices) -> Program:
     """The run's program on its mesh; the mesh and batch are checked first, before anything compiles."""
     mesh = mesh_lib.make_mesh(config.mesh, devices)
     mesh_lib.check_batch(mesh, config.batch_size, microbatches=config.microbatches)
-    mask_id = pipeline.mask_id if (config.model.objective == "masked" and pipeline.kind == "lm") else None
-    label_ids = pipeline.LABEL_TOKENS if pipeline.kind == "classification" else None
-    return build(config, mesh, mask_id=mask_id, random_token_limit=pipeline.vocab_size, label_ids=label_ids)
+    arguments = data.program_arguments(config.data, config.model.objective, config.model.vocab_size)
+    return build(config, mesh, **arguments)
 
 
 class Start(NamedTuple):

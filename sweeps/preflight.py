@@ -65,9 +65,9 @@ import time
 import jax
 import numpy as np
 
-from scaling import budget, mesh as mesh_lib, program as program_lib
+from scaling import budget, data as data_lib, mesh as mesh_lib, program as program_lib
 from scaling.rundir import one_line
-from scaling.config import CLASSIFICATION_SOURCES, TrainConfig
+from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
 from sweeps import compile_cache, kernels, roofline
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
@@ -206,10 +206,8 @@ def _lower(program: program_lib.Program, config: TrainConfig, mesh):
 
 
 def _masking(config: TrainConfig) -> dict:
-    # The masked objective masks on device; any token id gives the same program.
-    if config.model.objective == "masked" and config.data.source not in CLASSIFICATION_SOURCES:
-        return {"mask_id": config.model.vocab_size - 1, "random_token_limit": config.model.vocab_size}
-    return {}
+    """``program.build``'s data arguments, from the one function the trainer uses too."""
+    return data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
 
 
 def check_run(name: str, config: TrainConfig, topology: Topology, devices: list, remat_search: bool = False,
