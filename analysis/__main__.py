@@ -237,6 +237,7 @@ def cmd_plot(args) -> int:
     from analysis import plots  # matplotlib only when drawing
     from analysis.summary import Outcome
 
+    plots.check_output_directory(args.out)
     result = _analyse(args)
     fit = result.fit(args.estimate)
     reference = projection.resolve_fit(args.fit)
