@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -47,7 +48,16 @@ PROG = _prog()
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error message instead of usage + error."""
+    """argparse with a one-line error message instead of usage + error.
+
+    A value that looks like a negative number (``--params -1e9``) is read as
+    a value, so that it is told it must be positive; argparse's own matcher
+    knows only plain negative decimals and would call "-1e9" an option.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -90,14 +100,27 @@ def _fmt(value, spec, missing="–"):
 
 # ---------------------------------------------------------------- projections
 def cmd_optimal(args) -> int:
+    from analysis import tables
+
     fit = projection.resolve_fit(args.fit)
-    shape = projection.optimal_shape(args.params, fit, head_size=args.head_size)
-    for warning in (shape.warning, shape.budget_warning):
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    if args.json:
-        _print_json(shape.to_dict())
+    shapes = [projection.optimal_shape(params, fit, head_size=args.head_size) for params in args.params]
+    several = len(shapes) > 1
+    for shape in shapes:
+        for warning in (shape.warning, shape.budget_warning):
+            if warning:
+                print(f"warning: {f'N={shape.params:.3g}: ' if several else ''}{warning}", file=sys.stderr)
+    if args.json:  # an object for one budget, a list for several
+        _print_json([shape.to_dict() for shape in shapes] if several else shapes[0].to_dict())
         return 0
+    if several:
+        depths = f" (L = {fit.depth_range[0]:g} to {fit.depth_range[1]:g})" if fit.depth_range else ""
+        print(f"Optimal depth and width for {len(shapes)} budgets N = 12·L·d² ({_fit_banner(fit)}).")
+        print(f"L range: N_tr·e^(±ΔN/N_tr) = N; d rounded to heads of {args.head_size}; "
+              f"fit range: L against the fit's depths{depths}.")
+        print()
+        print(tables.shapes_table(shapes))
+        return 0
+    (shape,) = shapes
     print(f"budget N = {shape.params:.4g} non-embedding parameters ({_fit_banner(fit)})")
     print(f"optimal depth  {shape.depth} layers (N_tr(L) = N at L = {shape.depth_continuous:.2f}; "
           f"N_tr·e^(±ΔN/N_tr) = N gives L = {_fmt(shape.depth_low, '.1f', 'unbounded')} to "
@@ -112,11 +135,17 @@ def cmd_optimal(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from analysis import paper_table
+    from analysis import paper_table, tables
 
     fit = projection.resolve_fit(args.fit)
-    budgets = projection.resolve_budgets(args.preset)
+    preset = None if args.params else (args.preset or "gpt3")
+    budgets = ([projection.Budget.from_params(params) for params in args.params] if args.params
+               else projection.resolve_budgets(preset))
     rows = projection.optimal_table(budgets, fit)
+    for row in rows:
+        if row["fit_range"] == "far outside":
+            warning = projection.extrapolation_warning(row["optimal_depth_continuous"], fit)
+            print(f"warning: {row['name']}: {warning}", file=sys.stderr)
     # Table 1's printed values sit beside ours only where they were computed the same way: the paper's fit.
     comparisons = [paper_table.compare(b, fit) if paper_table.applies(fit) else None for b in budgets]
     for row, comparison in zip(rows, comparisons):
@@ -124,7 +153,7 @@ def cmd_table(args) -> int:
             row.update(comparison.to_dict())
     fmt = "json" if args.json else args.format
     if fmt == "json":
-        _print_json({"preset": args.preset, "fit": fit.name, "a": fit.a, "b": fit.b,
+        _print_json({"preset": preset, "fit": fit.name, "a": fit.a, "b": fit.b,
                      "cov": [list(r) for r in fit.cov], "rows": rows})
     elif fmt == "csv":
         out = io.StringIO()
@@ -135,34 +164,18 @@ def cmd_table(args) -> int:
             writer.writerow({**row, "fit": fit.name, "a": fit.a, "b": fit.b})
         print(out.getvalue(), end="")
     else:
-        print(f"Optimal depth and width per budget, preset {args.preset} ({_fit_banner(fit)}). "
-              f"Size N = 12·L·d² of the trained shape.")
         compared = any(comparisons)
+        print(f"Optimal depth and width per budget, {f'preset {preset}' if preset else 'your budgets'} "
+              f"({_fit_banner(fit)}).")
+        print("Size N = 12·L·d² (of the trained shape L×d, where there is one); L range: N_tr·e^(±ΔN/N_tr) = N.")
         if compared:
-            print("Paper: Table 1 of Levine et al. 2020 as printed; the last column says how each printed value "
-                  "arises (which a, b and rounding).")
-        elif args.preset == "gpt3":
+            print("Paper: Table 1 of Levine et al. 2020 as printed; "
+                  + ("how each printed value arises is listed below." if args.explain
+                     else "--explain says how each printed value arises."))
+        elif preset == "gpt3":
             print("(Table 1's printed values are shown beside these with --fit levine2020 only.)")
         print()
-        header = ["model", "size N", "trained L", "trained d", "optimal L", "optimal d", "L from N_tr·e^(±ΔN/N_tr)"]
-        if compared:
-            header[5:5] = ["paper L"]
-            header[7:7] = ["paper d"]
-            header.append("vs the paper")
-        table = []
-        for row, comparison in zip(rows, comparisons):
-            cells = [row["name"], f"{row['params']:.3g}", _fmt(row["trained_depth"], "d"),
-                     _fmt(row["trained_width"], "d"), str(row["optimal_depth"]), f"{row['optimal_width']:,.0f}",
-                     f"{_fmt(row['depth_low'], '.1f')}–{_fmt(row['depth_high'], '.1f')}"]
-            if compared:
-                cells[5:5] = [_fmt(comparison and comparison.paper_depth, "d")]
-                cells[7:7] = [_fmt(comparison and comparison.paper_width, ",d")]
-                cells.append(comparison.note if comparison else "not in the paper's table")
-            table.append(cells)
-        align = ["left"] + ["right"] * (len(header) - 1)  # names left, numbers right, the note left
-        if compared:
-            align[-1] = "left"
-        print(tabulate.tabulate(table, headers=header, tablefmt="pipe", disable_numparse=True, colalign=align))
+        print(tables.table1(rows, comparisons, explain=args.explain))
     return 0
 
 
@@ -237,6 +250,7 @@ def cmd_plot(args) -> int:
     from analysis import plots  # matplotlib only when drawing
     from analysis.summary import Outcome
 
+    plots.check_output_directory(args.out)
     result = _analyse(args)
     fit = result.fit(args.estimate)
     reference = projection.resolve_fit(args.fit)
@@ -315,22 +329,30 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     fit_help = "fit preset (levine2020, the paper's eq. 10) or a JSON file from `fit --save`"
-    optimal = commands.add_parser("optimal", help="optimal depth and width for one parameter budget")
-    optimal.add_argument("--params", type=_params_arg, required=True,
-                         help="non-embedding budget N = 12·L·d²: 175e9, 1.3B, 800M, 2T")
+    optimal = commands.add_parser("optimal", help="optimal depth and width for one or more parameter budgets")
+    optimal.add_argument("--params", type=_params_arg, required=True, nargs="+", action="extend", metavar="N",
+                         help="non-embedding budget(s) N = 12·L·d²: 175e9, 1.3B, 800M, 2T; several "
+                              "(--params 125M 350M, or --params repeated) give one table")
     optimal.add_argument("--fit", default="levine2020", help=fit_help)
     optimal.add_argument("--head-size", type=int, default=64,
                          help="channels per attention head; the width is also given rounded to it (64)")
     optimal.add_argument("--json", action="store_true",
-                         help="print JSON (a warning about extrapolation still goes to stderr)")
+                         help="print JSON: an object for one budget, a list for several (a warning about "
+                              "extrapolation still goes to stderr)")
     optimal.set_defaults(run=cmd_optimal)
 
-    table = commands.add_parser("table", help="optimal shapes for a preset list of budgets (Table 1)")
-    table.add_argument("--preset", default="gpt3", choices=sorted(projection.BUDGET_PRESETS),
-                       help="budget list: gpt3 = the 8 GPT-3 shapes plus a 1T budget (default)")
+    table = commands.add_parser("table", help="optimal shapes for a list of budgets (Table 1)")
+    budgets = table.add_mutually_exclusive_group()
+    budgets.add_argument("--preset", default=None, choices=sorted(projection.BUDGET_PRESETS),
+                         help="budget list: gpt3 = the 8 GPT-3 shapes plus a 1T budget (the default)")
+    budgets.add_argument("--params", type=_params_arg, nargs="+", action="extend", metavar="N",
+                         help="your own budgets instead of a preset: 125M 350M 1.3B")
     table.add_argument("--fit", default="levine2020", help=fit_help)
     table.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
     table.add_argument("--json", action="store_true", help="same as --format json")
+    table.add_argument("--explain", action="store_true",
+                       help="list under the table how each of Table 1's printed values arises (which a, b "
+                            "and rounding); the table itself says only 'same' or what differs")
     table.set_defaults(run=cmd_table)
 
     size = commands.add_parser("transition-size", help="N_tr(L) ± ΔN at one or more depths (eq. 9)")

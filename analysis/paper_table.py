@@ -78,11 +78,21 @@ class Comparison:
     def same(self) -> bool:
         return self.depth == self.paper_depth and round_significant(self.width) == self.paper_width
 
+    @property
+    def summary(self) -> str:
+        """A few words for a table cell: "same", or which of L and d differ ("L, d: see --explain"; ``note`` says why)."""
+        differs = [name for name, same in (("L", self.depth == self.paper_depth),
+                                           ("d", round_significant(self.width) == self.paper_width)) if not same]
+        if not differs:
+            return "same"
+        return f"{', '.join(differs)}: see --explain"
+
     def to_dict(self) -> dict:
         return {"paper_depth": self.paper_depth, "paper_width": self.paper_width,
                 "paper_depth_difference": self.paper_depth - self.depth,
                 "paper_width_difference_percent": 100.0 * (self.paper_width / self.width - 1.0),
-                "root_range_published_digits": list(self.root_range), "paper_note": self.note}
+                "root_range_published_digits": list(self.root_range), "paper_summary": self.summary,
+                "paper_note": self.note}
 
 
 def _fit_corners(fit):

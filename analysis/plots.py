@@ -25,6 +25,7 @@ backend (e.g. a notebook's inline one) is left alone.
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 from etils import epath
@@ -33,6 +34,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import offset_copy
 
 from analysis import projection, theory
+from analysis.errors import AnalysisInputError
 from analysis.fit import LogWidthFit
 from analysis.points import aggregate_seeds
 from analysis.shapes import non_embedding_params
@@ -84,6 +86,23 @@ def _fit_label(fit: LogWidthFit) -> str:
     return f"{fit.name} (the paper's eq. 10)" if fit.name == "levine2020" else f"{fit.name} (your runs)"
 
 
+def check_output_directory(out_dir) -> None:
+    """Raise ``AnalysisInputError`` (one line) when ``out_dir`` or a folder above it is an existing file.
+
+    Checked before a sweep is analysed, so that a mistyped ``--out`` costs no
+    analysis and names the path instead of the operating system's "File exists".
+    Only local paths are checked: a bucket has no folders to collide with.
+    """
+    if "://" in str(out_dir):
+        return
+    path = epath.Path(str(out_dir))
+    for candidate in (path, *path.parents):
+        if candidate.exists() and not candidate.is_dir():
+            where = "is" if candidate == path else f"lies under {candidate}, which is"
+            raise AnalysisInputError(f"--out {out_dir} {where} a file, not a directory: give a directory "
+                                     "for the PNG and PDF figures")
+
+
 def save_figure(fig, out_dir, stem: str) -> list[epath.Path]:
     """Write ``fig`` as ``out_dir/stem.png`` (150 dpi) and ``.pdf`` (local or ``gs://``); return the paths."""
     out_dir = epath.Path(out_dir)
@@ -100,10 +119,12 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
     """Loss against N (parameters) for one depth pair, and their difference below it.
 
     Top: seed-mean loss (nats/token) ± seed std of both depths. Bottom: the
-    difference loss_shallow - loss_deep at the compared sizes with its
-    significance threshold (critical value × standard error). The bracket
-    between the last indistinguishable and the first significantly-worse size
-    is shaded grey; the bootstrap 95% CI of the crossing is shaded orange.
+    difference loss_shallow - loss_deep at the compared sizes with the same
+    bars as ``plot_pair_differences``: the two-sided interval at the test's
+    level (diff ± critical·se, 90% at alpha = 0.05), so a bar that misses
+    zero is a significant difference. The bracket between the last
+    indistinguishable and the first significantly-worse size is shaded grey;
+    the bootstrap 95% CI of the crossing is shaded orange.
     """
     if axes is None:
         axes = Figure(figsize=(5.4, 5.2)).subplots(2, 1, sharex=True, height_ratios=(3, 2))
@@ -112,14 +133,12 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
     for depth, colour in ((transition.shallow_depth, "tab:blue"), (transition.deep_depth, "tab:red")):
         rows = points[points["depth"] == depth]
         top.errorbar(rows["params"], rows["loss_mean"], yerr=rows["loss_std"].fillna(0.0), fmt="o-",
-                     ms=3.5, lw=1.2, capsize=2, color=colour, label=f"your runs, L = {depth}")
+                     ms=3.5, lw=1.2, capsize=2, color=colour, label=f"your runs, L = {depth} (mean ± seed std)")
     comparison = transition.comparison
     if comparison is not None:
-        threshold = comparison.critical * comparison.se
-        bottom.errorbar(comparison.params, comparison.diff, yerr=comparison.se, fmt="o-", ms=3.5,
-                        color="k", capsize=2, label=f"L{transition.shallow_depth} − L{transition.deep_depth}")
-        bottom.fill_between(comparison.params, -threshold, threshold, color="0.85", step=None,
-                            label="|difference| < critical·se")
+        _difference_bars(bottom, comparison, color="k", ms=3.5, capsize=2,
+                         label=f"L{transition.shallow_depth} − L{transition.deep_depth}, "
+                               f"{interval_words(comparison.interval_level)}")
         bottom.axhline(0.0, color="0.4", lw=0.8)
     for ax in axes:
         if transition.found:
@@ -132,7 +151,7 @@ def plot_depth_pair(runs, transition: Transition, axes=None, source: str = "your
         _log_x(ax)
     bottom.set_xlabel("non-embedding parameters N = 12·L·d²")
     top.set_ylabel("eval loss (nats/token)")
-    bottom.set_ylabel("loss difference")
+    bottom.set_ylabel(_difference_axis_label({comparison.interval_level} if comparison is not None else set()))
     top.set_title(f"{source}: L = {transition.shallow_depth} vs L = {transition.deep_depth}\n"
                   f"paper's rule: {_STATUS_WORDS[transition.status]}", fontsize=9)
     top.legend(fontsize=8)
@@ -144,6 +163,24 @@ _STATUS_WORDS = {"found": "transition found", "above_range": "deeper never signi
                  "below_range": "deeper better at the smallest size", "no_overlap": "no common sizes"}
 
 
+def interval_words(level: float) -> str:
+    """How the loss-difference bars are drawn, in words: '90% interval (difference ± critical·se)'."""
+    return f"{level:.0%} interval (difference ± critical·se)"
+
+
+def _difference_axis_label(levels) -> str:
+    """The y label of a loss-difference axis, naming its bars' level."""
+    bars = ", ".join(f"{level:.0%}" for level in sorted(levels))
+    return "loss difference (nats/token)" + (f"\nbars: {bars} interval" if bars else "")
+
+
+def _difference_bars(ax, comparison, shift: float = 1.0, **style):
+    """The loss difference at each compared size with its two-sided interval at the test's level, as bars."""
+    low, high = comparison.interval()
+    return ax.errorbar(comparison.params * shift, comparison.diff,
+                       yerr=(comparison.diff - low, high - comparison.diff), fmt="o-", lw=1.2, **style)
+
+
 def plot_pair_differences(transitions, ax=None, source: str = "your runs"):
     """Every pair's loss difference loss_shallow - loss_deep (nats/token) against N, in one panel.
 
@@ -153,22 +190,21 @@ def plot_pair_differences(transitions, ax=None, source: str = "your runs"):
     """
     if ax is None:
         ax = Figure(figsize=(5.6, 3.8)).subplots()
-    level = None
+    levels = set()
     for index, transition in enumerate(t for t in transitions if t.comparison is not None):
         comparison = transition.comparison
-        level = comparison.interval_level
+        levels.add(comparison.interval_level)
         # a small offset in N per pair keeps bars at shared sizes apart
-        shift = 1.0 + 0.02 * (index - 1)
-        low, high = comparison.interval()
-        ax.errorbar(comparison.params * shift, comparison.diff, yerr=(comparison.diff - low, high - comparison.diff),
-                    fmt="o-", ms=4, lw=1.2, capsize=3,
-                    label=f"L{transition.shallow_depth} − L{transition.deep_depth}: {_STATUS_WORDS[transition.status]}"
-                    + (", then shallower better" if transition.reversed_params is not None else ""))
+        _difference_bars(ax, comparison, shift=1.0 + 0.02 * (index - 1), ms=4, capsize=3,
+                         label=f"L{transition.shallow_depth} − L{transition.deep_depth}: "
+                               f"{_STATUS_WORDS[transition.status]}"
+                               + (", then shallower better" if transition.reversed_params is not None else ""))
     ax.axhline(0.0, color="0.4", lw=0.8)
     _log_x(ax)
     ax.set_xlabel("non-embedding parameters N = 12·L·d² (of the shallower net)")
-    ax.set_ylabel("loss difference (nats/token)")
-    bars = f"{level:.0%} intervals" if level is not None else "no comparable sizes"
+    ax.set_ylabel(_difference_axis_label(levels))
+    bars = ("bars: " + ", ".join(interval_words(level) for level in sorted(levels)) if levels
+            else "no comparable sizes")
     ax.set_title(f"{source}: shallower minus deeper net, {bars}\nbelow 0 the shallower net is better", fontsize=9)
     _legend_below(ax, fontsize=8)
     return ax
@@ -233,6 +269,12 @@ def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth
         if budget.trained_depth:
             ax.annotate("", xy=(shape.depth, budget.params), xytext=(budget.trained_depth, budget.params),
                         arrowprops={"arrowstyle": "->", "color": "0.5", "lw": 0.8})
+        # The name sits beside the marker the arrow leaves from, on the side away from the arrow.
+        start = budget.trained_depth or shape.depth
+        left = shape.depth >= start
+        ax.annotate(budget_label(budget.name), (start, budget.params), xytext=(-5 if left else 5, 0),
+                    textcoords="offset points", ha="right" if left else "left", va="center", fontsize=6,
+                    color="0.25")
     floor = low.min()
     if shapes is not None and len(shapes):
         ax.scatter(shapes["depth"], shapes["params"], s=12, color="0.45", zorder=2,
@@ -260,18 +302,42 @@ def plot_transition_size(fit: LogWidthFit, budgets=(), transitions=(), max_depth
     return ax
 
 
+# What the two sides of the fitted line in plot_threshold mean (at equal size N = 12·L·d²).
+THRESHOLD_REGIONS = {
+    "shallow": "below the line: too shallow for its width (a deeper net of the same size does better)",
+    "deep": "above the line: too deep for its width (a shallower, wider net of the same size does better)",
+}
+
+
+def budget_label(name: str) -> str:
+    """A budget's name as written beside its marker: 'GPT-3 175B' -> '175B' (the legend names the family)."""
+    return re.sub(r"^GPT-\d\s+", "", name)
+
+
 def plot_threshold(fit: LogWidthFit, widths=None, ax=None):
-    """Depth at the transition against width: the fit's (ln d - a)/b and theory's log₃ d."""
+    """Depth at the transition against width: the fit's (ln d - a)/b and theory's log₃ d.
+
+    The fitted line splits the (width, depth) plane: a net below it is too
+    shallow for its width, above it too deep (``THRESHOLD_REGIONS``); the two
+    regions are shaded and named in the legend.
+    """
     if ax is None:
         ax = Figure(figsize=(5.2, 3.8)).subplots()
     widths = np.geomspace(16, 65536, 200) if widths is None else np.asarray(widths, dtype=float)
-    ax.plot(widths, (np.log(widths) - fit.a) / fit.b, color="tab:green",
+    depth = (np.log(widths) - fit.a) / fit.b
+    threshold = theory.depth_threshold(widths)
+    top = 1.1 * max(float(np.max(depth)), float(np.max(threshold)), 1.0)
+    line = np.clip(depth, 0.0, top)
+    ax.fill_between(widths, 0.0, line, color="tab:blue", alpha=0.12, lw=0, label=THRESHOLD_REGIONS["shallow"])
+    ax.fill_between(widths, line, top, color="tab:red", alpha=0.10, lw=0, label=THRESHOLD_REGIONS["deep"])
+    ax.plot(widths, depth, color="tab:green",
             label=f"transition depth (ln d - a)/b, {_fit_label(fit)}")
-    ax.plot(widths, theory.depth_threshold(widths), color="tab:purple", ls="--",
-            label="theory threshold L_th = log₃ d")
+    ax.plot(widths, threshold, color="tab:purple", ls="--",
+            label="theory threshold L_th = log₃ d (section 4): above it, depth and width count alike")
     _log_x(ax)
-    ax.set_ylim(bottom=0)
-    ax.set_title("depth at which width d stops sufficing", fontsize=9)
+    ax.set_ylim(0, top)
+    ax.set_title("How deep can a net of width d usefully be?\n"
+                 "Depth at which a deeper net of the same size stops doing better", fontsize=9)
     ax.set_xlabel("width d")
     ax.set_ylabel("depth L")
     _legend_below(ax, fontsize=8)

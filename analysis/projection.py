@@ -51,6 +51,20 @@ class Budget:
         """Budget of a trained shape: N = 12·L·d² parameters."""
         return cls(name, float(non_embedding_params(depth, width)), depth, width)
 
+    @classmethod
+    def from_params(cls, params: float) -> "Budget":
+        """A budget given only as a parameter count, named by it: 1.25e8 -> '125M budget'."""
+        return cls(f"{short_count(params)} budget", float(params))
+
+
+def short_count(value: float) -> str:
+    """A parameter count to three significant figures with a suffix: 125M, 1.3B, 175B, 2T (else 1e+30)."""
+    value = float(f"{value:.3g}")  # rounded first, so that 999.9M reads 1B, not 1e+03M
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if scale <= abs(value) < 1000 * scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
 
 # Table 1's sizes are 12·L·d² of each trained shape (not the headline counts).
 BUDGET_PRESETS = {
@@ -172,7 +186,8 @@ class OptimalShape:
     channels. ``depth_low`` and ``depth_high`` solve N_tr·e^(±ΔN/N_tr) = N.
     ``n_transition`` and ``delta_n`` are N_tr and ΔN at the integer depth.
     ``warning`` says when the depth lies outside the depths the fit was made
-    from (an extrapolation), else None. ``budget_warning`` says when the
+    from (an extrapolation), else None; ``fit_range`` says where it lies
+    (``fit_range()``: inside, outside, far outside, unknown). ``budget_warning`` says when the
     rounded shape, depth × ``width_rounded``, holds more than 10% more or less
     than the budget (small budgets, where the width rounds to one head), else None.
 """
@@ -192,6 +207,7 @@ class OptimalShape:
     head_size: int = 0
     warning: str | None = None
     budget_warning: str | None = None
+    fit_range: str = "unknown"
 
     def to_dict(self) -> dict:
         """JSON-ready dict (nan becomes None)."""
@@ -199,16 +215,47 @@ class OptimalShape:
                 for key, value in dataclasses.asdict(self).items()}
 
 
-def extrapolation_warning(depth: float, fit: LogWidthFit) -> str | None:
-    """A one-line warning when ``depth`` (layers) lies outside ``fit.depth_range``; None inside it."""
+# A depth more than this factor above the deepest (or below the shallowest) fitted depth is "far outside"
+# the fit. The paper's own projections reach 2.6 times its deepest fitted depth (95 layers for a 1e12 budget,
+# from depths 6 to 36); N_tr grows as e^(2bL), so 3 times that depth (108 layers, N_tr ≈ 5e12 under eq. 10)
+# is already 10^4 times the largest fitted size.
+FAR_FACTOR = 3.0
+
+
+def fit_range(depth: float, fit: LogWidthFit) -> str:
+    """Where ``depth`` (layers) lies against the depths ``fit`` was made from.
+
+    "inside" (within half a layer of ``fit.depth_range``), "outside", "far outside"
+    (beyond ``FAR_FACTOR`` times the range's ends), or "unknown" for a fit without a depth range.
+    """
     if not fit.depth_range:
-        return None
+        return "unknown"
     low, high = fit.depth_range
     if low - 0.5 <= depth <= high + 0.5:
+        return "inside"
+    return "far outside" if depth > FAR_FACTOR * high or depth < low / FAR_FACTOR else "outside"
+
+
+def extrapolation_warning(depth: float, fit: LogWidthFit) -> str | None:
+    """A one-line warning when ``depth`` (layers) lies outside ``fit.depth_range``; None inside it.
+
+    Far outside it (``FAR_FACTOR``), the warning says how far, in depth and in N_tr (parameters).
+    """
+    where = fit_range(depth, fit)
+    if where in ("inside", "unknown"):
         return None
-    side = "below" if depth < low else "above"
-    return (f"extrapolated: depth {depth:.3g} lies {side} the depths L = {low:g} to {high:g} that fit "
-            f"{fit.name} was made from; treat the result as a guess")
+    low, high = fit.depth_range
+    if where == "outside":
+        side = "below" if depth < low else "above"
+        return (f"extrapolated: depth {depth:.3g} lies {side} the depths L = {low:g} to {high:g} that fit "
+                f"{fit.name} was made from; treat the result as a guess")
+    edge = low if depth < low else high
+    how = (f"1/{low / depth:.3g} of the shallowest" if depth < low else f"{depth / high:.3g} times the deepest")
+    with np.errstate(over="ignore"):
+        size_ratio = float(transition_params(depth, fit) / transition_params(edge, fit))
+    return (f"extrapolated far outside the fit: depth {depth:.3g} is {how} of the depths L = {low:g} to {high:g} "
+            f"that fit {fit.name} was made from (far: beyond {FAR_FACTOR:g} times), and N_tr there is "
+            f"{size_ratio:.2g} times N_tr({edge:g}); the shape is the formula's output, not a prediction")
 
 
 def optimal_shape(params: float, fit: LogWidthFit, head_size: int = 64) -> OptimalShape:
@@ -240,7 +287,7 @@ def optimal_shape(params: float, fit: LogWidthFit, head_size: int = 64) -> Optim
         delta_n=float(transition_params_error(depth, fit)),
         fit=fit.name, a=fit.a, b=fit.b,
         width_rounded=width_rounded, head_size=head_size,
-        warning=extrapolation_warning(centre, fit),
+        warning=extrapolation_warning(centre, fit), fit_range=fit_range(centre, fit),
         budget_warning=rounding_warning(params, depth, width_rounded, head_size))
 
 
@@ -272,9 +319,10 @@ def resolve_budgets(preset: str):
 
 
 def optimal_table(budgets, fit: LogWidthFit) -> list[dict]:
-    """One row per budget: name, params, trained and optimal depth/width, depth range.
+    """One row per budget: name, params, trained and optimal depth/width, depth range, fit range.
 
-    Widths in channels, depths in layers, params in non-embedding parameters.
+    Widths in channels, depths in layers, params in non-embedding parameters;
+    ``fit_range`` as ``OptimalShape.fit_range``.
     """
     rows = []
     for budget in budgets:
@@ -283,5 +331,6 @@ def optimal_table(budgets, fit: LogWidthFit) -> list[dict]:
                      "trained_depth": budget.trained_depth, "trained_width": budget.trained_width,
                      "optimal_depth": shape.depth, "optimal_width": shape.width,
                      "optimal_depth_continuous": shape.depth_continuous,
-                     "depth_low": shape.to_dict()["depth_low"], "depth_high": shape.to_dict()["depth_high"]})
+                     "depth_low": shape.to_dict()["depth_low"], "depth_high": shape.to_dict()["depth_high"],
+                     "fit_range": shape.fit_range})
     return rows

@@ -23,7 +23,11 @@ redrawn as mean + s·σ·z/sqrt(n_seeds), z standard normal, with σ the seed
 noise of the pair and s = sqrt(dof/χ²_dof) drawn once per replicate, so that
 each redrawn mean has the t distribution that σ's uncertainty implies. The
 rule is reapplied to every replicate and the percentiles of the widths form
-the interval; the fraction of replicates with an estimate is reported.
+the interval; the fraction of replicates with an estimate is reported. The
+paper rule answers only with brackets between compared sizes, so its
+interval spans the brackets of the central replicates (edge to edge), not
+their mid-widths, which would collapse to one value when most replicates
+find the same bracket.
 
 Seed noise σ is estimated per pair, pooled over the (depth, width) points of
 the two depths (noise differs several-fold between shallow and deep nets).
@@ -60,7 +64,8 @@ class Bootstrap:
     """One estimate's width over the bootstrap replicates (see the module docstring).
 
     ``interval`` is the (low, high) percentile interval of the widths, in
-    channels, at the transition's ``confidence``; None when fewer than two
+    channels, at the transition's ``confidence`` (for the paper rule: the
+    edges of the brackets within those percentiles); None when fewer than two
     replicates gave a width. ``fraction`` is the share of replicates that gave
     one (0 to 1).
     """
@@ -114,8 +119,8 @@ class PaperRule:
         if not self.interval:
             return "paper rule: no bootstrap interval"
         low, high = self.interval
-        return (f"paper rule {confidence:.0%} interval {low:.0f}–{high:.0f} "
-                f"({_percent(self.bootstrap.fraction)} of resamples find it)")
+        return (f"paper rule {confidence:.0%} interval {low:.0f}–{high:.0f}, the brackets of the resamples "
+                f"({_percent(self.bootstrap.fraction)} of resamples find one)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,8 +292,8 @@ def line_roots(x, diff):
     return np.where(slope > 0, root, np.nan)
 
 
-def paper_rule(diff, threshold, widths):
-    """The paper rule's width per row of ``diff``: mean width of the last not-worse and first worse size.
+def paper_rule_brackets(diff, threshold):
+    """Per row of ``diff``, the index k of the first significantly worse size: the bracket is (k-1, k).
 
     ``threshold`` = critical·se per size (nats). NaN where the first worse size
     is the smallest one or no size is worse.
@@ -296,8 +301,39 @@ def paper_rule(diff, threshold, widths):
     worse = np.atleast_2d(diff) > threshold
     first = np.argmax(worse, axis=1)
     valid = worse.any(axis=1) & (first >= 1)
-    previous = np.clip(first - 1, 0, None)
-    return np.where(valid, 0.5 * (widths[previous] + widths[first]), np.nan)
+    return np.where(valid, first, np.nan)
+
+
+def paper_rule(diff, threshold, widths):
+    """The paper rule's width per row of ``diff``: mean width of the last not-worse and first worse size.
+
+    ``threshold`` = critical·se per size (nats). NaN where the first worse size
+    is the smallest one or no size is worse.
+    """
+    first = paper_rule_brackets(diff, threshold)
+    found = np.isfinite(first)
+    index = np.where(found, first, 1).astype(int)
+    return np.where(found, 0.5 * (widths[index - 1] + widths[index]), np.nan)
+
+
+def _bracket_bootstrap(first, widths, confidence) -> Bootstrap:
+    """The widths spanned by the brackets of the central ``confidence`` of the replicates that find one.
+
+    The paper rule can only answer with a bracket between two compared sizes,
+    so percentiles of its mid-widths collapse to one value (an interval
+    "244–244") whenever most replicates find the same bracket. The interval
+    is instead the lower edge of the lowest and the upper edge of the highest
+    of those brackets (channels): the widths inside which the transition lies
+    in at least ``confidence`` of the replicates that find one.
+    """
+    found = first[np.isfinite(first)]
+    fraction = found.size / max(first.size, 1)
+    if found.size < 2:
+        return Bootstrap(None, fraction)
+    tail = 50.0 * (1.0 - confidence)
+    low = int(np.percentile(found, tail, method="lower"))
+    high = int(np.percentile(found, 100.0 - tail, method="higher"))
+    return Bootstrap((float(widths[low - 1]), float(widths[high])), fraction)
 
 
 def _classify(shallow, deep, comparison: PairComparison | None) -> dict:
@@ -379,7 +415,7 @@ def _estimates(data: PairData, comparison: PairComparison, shallow: int, noise: 
     scale = np.ones(n_bootstrap) if math.isinf(dof) else np.sqrt(dof / rng.chisquare(dof, n_bootstrap))
     diff = (_resampled_means(data.low, noise, scale, rng)[:, data.keep]
             - _resampled_means(data.high, noise, scale, rng) @ data.matrix)
-    paper = _bootstrap(paper_rule(diff, threshold, comparison.widths), confidence)
+    paper = _bracket_bootstrap(paper_rule_brackets(diff, threshold), comparison.widths, confidence)
     if crossing_width is None:
         return paper, ZeroCrossing()
     roots = line_roots(data.x[span], diff[:, span])

@@ -69,7 +69,7 @@ from scaling import budget, data as data_lib, mesh as mesh_lib, program as progr
 from scaling.rundir import one_line
 from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
-from sweeps import compile_cache, kernels, roofline
+from sweeps import compile_cache, kernels, roofline, slices
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
 from sweeps.hosts import TPU_CHIPS_PER_HOST
 from sweeps.preflight_table import format_table
@@ -119,6 +119,9 @@ def parse_topology(name: str) -> Topology:
     if len(shape) != dims or min(shape) < 1:
         raise ValueError(f"--topology {name!r}: {generation} slices are named by a {dims}-D chip grid, "
                          f"e.g. {generation}:{example}")
+    if not slices.is_slice_shape(generation, shape):
+        raise ValueError(f"--topology {name!r}: {generation} has no {'x'.join(map(str, shape))} slice; "
+                         f"its slices are {slices.allowed_shapes(generation)}")
     return Topology(name, generation, shape)
 
 

@@ -67,14 +67,17 @@ PRINTED_TABLE1 = {"GPT-3 Small": (23, 555), "GPT-3 Medium": (32, 886), "GPT-3 La
 
 
 def test_table_names_the_papers_values_and_why_each_row_differs():
-    result = run_cli("table", "--preset", "gpt3")
+    result = run_cli("table", "--preset", "gpt3", "--explain")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| model"))
     columns = [cell.strip() for cell in header.strip("|").split("|")]
-    assert {"optimal L", "paper L", "optimal d", "paper d", "vs the paper"} <= set(columns)
+    assert {"our L", "paper L", "our d", "paper d", "vs the paper"} <= set(columns)
     data = json.loads(run_cli("table", "--preset", "gpt3", "--json").stdout)
     rows = {row["name"]: row for row in data["rows"]}
+    # --explain lists each row's full note under the table (wrapped: continuation lines are indented)
+    explained = "\n".join(lines[lines.index("How each printed value of Table 1 arises:") + 1:]).replace("\n  ", " ")
+    notes = dict(line[2:].split(": ", 1) for line in explained.splitlines())
     shown = 0
     for line in lines:
         cells = dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|"))))
@@ -84,17 +87,21 @@ def test_table_names_the_papers_values_and_why_each_row_differs():
         depth, width = PRINTED_TABLE1[cells["model"]]
         assert (cells["paper L"], cells["paper d"]) == (str(depth), f"{width:,}")
         ours = rows[cells["model"]]
-        assert cells["optimal L"] == str(ours["optimal_depth"])
-        note = cells["vs the paper"]
+        assert cells["our L"] == str(ours["optimal_depth"])
+        assert cells["vs the paper"] == ours["paper_summary"]
+        note = notes[cells["model"]]
         assert note == ours["paper_note"]
         if ours["optimal_depth"] != depth:  # the depth differs: the note says from which root and a, b
             assert note.startswith("L:") and f"{ours['optimal_depth_continuous']:.2f}" in note
             assert "5.039" in note and "0.0555" in note
+            assert cells["vs the paper"].startswith("L")
         if float(f"{ours['optimal_width']:.2e}") != width and ours["optimal_depth"] == depth:
             assert "d:" in note, note  # the width differs at the same depth: the note says how it was rounded
+            assert cells["vs the paper"] == "d: see --explain"
         if "same;" in note:
             assert ours["optimal_depth"] == depth and float(f"{ours['optimal_width']:.2e}") == width
-    assert shown == len(PRINTED_TABLE1)
+            assert cells["vs the paper"] == "same"
+    assert shown == len(PRINTED_TABLE1) and len(notes) == len(PRINTED_TABLE1)
     assert any(rows[name]["paper_depth_difference"] != 0 for name in rows)  # the Large row, root 37.4
 
 

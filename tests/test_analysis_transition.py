@@ -69,6 +69,31 @@ def test_bootstrap_ci_covers_the_planted_crossing():
     assert transition.crossing.bootstrap.fraction > 0.95
 
 
+def test_the_paper_rules_interval_spans_brackets_not_one_mid_width():
+    # Quiet data: every resample finds the same bracket. Percentiles of its mid-width gave "244–244";
+    # the interval is that bracket's edges, which contain the rule's own width and the planted one.
+    planted = 2e8
+    (transition,), _ = find_transitions(pair_runs(planted, noise=0.0005, rng=7), n_bootstrap=300)
+    paper = transition.paper
+    assert transition.found and paper.bootstrap.fraction > 0.95
+    low, high = paper.interval
+    before = math.sqrt(paper.params_before / (12 * SHALLOW))
+    after = math.sqrt(paper.params_after / (12 * SHALLOW))
+    assert low < high
+    assert low <= before < paper.width < after <= high and low <= planted_shallow_width(planted) <= high
+    assert f"interval {low:.0f}–{high:.0f}" in paper.text(0.95)
+
+
+def test_noisier_data_widens_the_paper_rules_interval():
+    def spans(noise):
+        (transition,), _ = find_transitions(pair_runs(2e8, noise=noise, rng=8), n_bootstrap=300)
+        widths = transition.comparison.widths
+        low, high = transition.paper.interval
+        return int(np.sum((widths >= low) & (widths <= high)))  # compared sizes inside the interval
+
+    assert spans(0.02) > spans(0.0005) == 2
+
+
 def test_noisier_data_widens_the_crossing_ci():
     def ci_width(noise):
         (transition,), _ = find_transitions(pair_runs(2e8, offset=0.3, noise=noise, rng=6), n_bootstrap=400)
@@ -176,9 +201,9 @@ def test_an_interval_is_quoted_only_when_most_resamples_find_the_transition():
     from analysis.transition import Bootstrap, PaperRule
 
     def paper_text(fraction):
-        return PaperRule(bootstrap=Bootstrap((152.0, 152.0), fraction)).text(confidence=0.95)
+        return PaperRule(bootstrap=Bootstrap((140.0, 165.0), fraction)).text(confidence=0.95)
 
-    assert "interval 152–152" in paper_text(0.8) and "80% of resamples" in paper_text(0.8)
+    assert "interval 140–165" in paper_text(0.8) and "80% of resamples" in paper_text(0.8)
     # 4 resamples in 1000: no interval, and not rounded down to 0%
     assert "interval" not in paper_text(0.004).replace("for an interval", "") and "0.4%" in paper_text(0.004)
 

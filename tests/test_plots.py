@@ -104,3 +104,55 @@ def test_sweep_figures_without_transitions_still_show_the_sweep(tmp_path):
 
 def test_compact_numbers():
     assert [plots.compact_number(v) for v in (300, 2e3, 6e5, 1.5e6, 3e9, 1e12)] == ["300", "2k", "600k", "1.5M", "3B", "1T"]
+
+
+def bar_extents(ax):
+    """Low and high ends of every vertical error bar drawn on ``ax`` (data units), as one flat sorted list."""
+    extents = []
+    for container in ax.containers:
+        for collection in container.lines[2]:
+            extents += [(float(segment[0][1]), float(segment[1][1])) for segment in collection.get_segments()]
+    return [end for pair in sorted(extents) for end in pair]
+
+
+def test_both_difference_figures_draw_the_same_labelled_interval():
+    # pair_L*_L*.png drew ±1 standard error where pair_differences.png drew 90% intervals of the same numbers.
+    runs, transitions = pair_transitions()
+    (transition,) = transitions
+    low, high = transition.comparison.interval()
+    expected = [end for pair in sorted(zip(low.tolist(), high.tolist())) for end in pair]
+    pair_panel = plots.plot_depth_pair(runs, transition)[1]
+    overview = plots.plot_pair_differences(transitions)
+    for ax in (pair_panel, overview):
+        assert bar_extents(ax) == pytest.approx(expected)
+        assert "bars: 90% interval" in ax.get_ylabel()
+    legend = [text.get_text() for text in pair_panel.get_legend().get_texts()]
+    assert any("90% interval (difference ± critical·se)" in label for label in legend)
+    assert "90% interval (difference ± critical·se)" in overview.get_title()
+    top_legend = [text.get_text() for text in plots.plot_depth_pair(runs, transition)[0].get_legend().get_texts()]
+    assert any("mean ± seed std" in label for label in top_legend)
+
+
+def test_threshold_figure_has_a_plain_title_and_names_its_regions():
+    ax = plots.plot_threshold(PAPER)
+    assert "How deep" in ax.get_title() and "stops sufficing" not in ax.get_title()
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert plots.THRESHOLD_REGIONS["shallow"] in legend and plots.THRESHOLD_REGIONS["deep"] in legend
+    # the "too shallow" region lies under the fitted line: at width 1e4 it reaches (ln 1e4 - a)/b layers
+    shallow = ax.collections[0].get_paths()[0].vertices
+    at = np.argmin(np.abs(np.log(shallow[:, 0]) - np.log(1e4)))
+    near = shallow[np.isclose(shallow[:, 0], shallow[at, 0])][:, 1]
+    assert near.max() == pytest.approx((np.log(shallow[at, 0]) - PAPER.a) / PAPER.b, rel=1e-6)
+    assert near.min() == 0.0
+
+
+def test_projection_names_every_gpt3_marker():
+    budgets = projection.BUDGET_PRESETS["gpt3"]
+    ax = plots.plot_transition_size(PAPER, budgets=budgets)
+    named = {text.get_text(): text.xy for text in ax.texts if text.get_text()}
+    for budget in budgets:
+        label = plots.budget_label(budget.name)
+        assert label in named, (label, sorted(named))
+        depth = budget.trained_depth or projection.optimal_shape(budget.params, PAPER).depth
+        assert named[label] == pytest.approx((depth, budget.params))
+    assert plots.budget_label("GPT-3 175B") == "175B" and plots.budget_label("1T budget") == "1T budget"

@@ -91,6 +91,32 @@ def test_bad_topology_names_are_rejected(bad):
         preflight.parse_topology(bad)
 
 
+@pytest.mark.parametrize("bad, allowed", [
+    ("v5e:3x3", "1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"), ("v5e:1x3", "16x16"), ("v5e:4x2", "2x4"),
+    ("v5e:32x32", "16x16"), ("v6e:2x8", "8x16"), ("v4:3x3x3", "multiples of 4"), ("v4:8x4x4", "A <= B <= C"),
+    ("v4:2x2x3", "2x4x4"), ("v4:16x16x32", "4096 chips"), ("v5p:16x16x32", "6144 chips")])
+def test_a_grid_that_is_no_slice_of_its_generation_is_refused(bad, allowed):
+    # Checked before anything is compiled: no libtpu needed, so these run on every machine.
+    with pytest.raises(ValueError) as raised:
+        preflight.parse_topology(bad)
+    message = str(raised.value)
+    assert "\n" not in message and repr(bad) in message and "has no" in message and allowed in message
+
+
+@pytest.mark.parametrize("good", ["v5e:1x1", "v5e:2x4", "v5e:16x16", "v6e:8x16", "v4:2x2x1", "v4:2x4x4",
+                                  "v4:4x4x4", "v4:4x4x12", "v4:16x16x16", "v5p:2x2x4", "v5p:16x16x24"])
+def test_every_documented_slice_shape_is_accepted(good):
+    assert preflight.parse_topology(good).name == good
+
+
+def test_every_generation_with_chip_facts_has_slice_shapes():
+    from sweeps import roofline, slices
+
+    for generation in roofline.CHIPS:
+        assert slices.allowed_shapes(generation)
+        assert slices.is_slice_shape(generation, (1, 1) if roofline.CHIPS[generation].dims == 2 else (2, 2, 1))
+
+
 @pytest.fixture(scope="module")
 def small_row(devices):
     return check("small", small(), devices)
@@ -301,6 +327,15 @@ def test_bad_topology_on_the_command_line(tmp_path, capsys):
     assert launch.main(["preflight", path, "--topology", "v5e:4"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "2-D chip grid" in err
+
+
+def test_a_slice_shape_that_does_not_exist_is_one_line_on_the_command_line(tmp_path, capsys, monkeypatch):
+    # v5e:3x3 used to be checked on one host's 2x2 and pass; it must stop before the compiler is looked for.
+    monkeypatch.setattr(preflight, "topology_devices", lambda topology: pytest.fail("compiled for a bad slice"))
+    path = write_sweep(tmp_path, (1,), {1: (64,)})
+    assert launch.main(["preflight", path, "--topology", "v5e:3x3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "v5e has no 3x3 slice" in err and "2x4, 4x4" in err
 
 
 # ---------------------------------------------------------------------------
