@@ -16,7 +16,7 @@ import pytest
 import tiny
 from analysis import __main__ as analysis_cli
 from gcs_emulator import emulator_env, free_port
-from scaling import storage, train
+from scaling import data, migrate_records, storage, train
 from scaling.storage import StorageAccessError, check_access
 from sweeps import launch
 
@@ -152,16 +152,27 @@ COMMANDS = [
     *[(launch.main, [command, SMOKE, "--workdir", MISSING], f"python -m sweeps.launch {command}: error: ")
       for command in ("status", "run", "list", "dry-run")],
     (analysis_cli.main, ["fit", MISSING], "python -m analysis fit: error: "),
+    (analysis_cli.main, ["optimal", "--params", "1B", "--fit", f"{MISSING}/fit.json"],
+     "python -m analysis optimal: error: "),
     (analysis_cli.main, ["plot", MISSING, "--out", "figures"], "python -m analysis plot: error: "),
     (analysis_cli.main, ["synthetic", "--out", f"{MISSING}/sweep.csv"], "python -m analysis synthetic: error: "),
     (train.main, ["--config", "tiny", "--workdir", MISSING], "error: "),
+    (data.main, ["cache", "--source", "builtin", "--cache-dir", f"{MISSING}/tokens"], "error: "),
+    (migrate_records.main, [MISSING], "error: "),
 ]
 
 
-@pytest.mark.parametrize("main, argv, prefix", COMMANDS, ids=[" ".join(c[1][:1]) + f"-{i}" for i, c in
-                                                                enumerate(COMMANDS)])
+def _exit_status(main, argv) -> int:
+    """The status a command line exits with, whether its ``main`` returns it or calls ``sys.exit``."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
+
+
+@pytest.mark.parametrize("main, argv, prefix", COMMANDS, ids=[f"{c[0].__module__}-{c[1][0]}" for c in COMMANDS])
 def test_every_command_says_one_line_and_exits_2(closed_port, capsys, main, argv, prefix):
-    assert main(argv) == 2
+    assert _exit_status(main, argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1 and err.startswith(f"{prefix}{MISSING}")
@@ -169,7 +180,8 @@ def test_every_command_says_one_line_and_exits_2(closed_port, capsys, main, argv
 
 
 def test_the_trainer_checks_a_token_cache_on_gs_too(closed_port, capsys, tmp_path):
-    assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", f"data.cache_dir={MISSING}"]) == 2
+    argv = ["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", f"data.cache_dir={MISSING}"]
+    assert train.main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: {MISSING}: cannot reach Cloud Storage")
 
 
