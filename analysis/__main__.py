@@ -421,10 +421,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Arguments that may name a gs:// file or folder (each command has some of them).
+PATH_ARGUMENTS = ("source", "directory", "out", "save", "figure", "fit")
+
+
 def main(argv=None) -> int:
     """Run the CLI; returns the exit status (2 for unusable input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    remote = [path for path in (getattr(args, name, None) for name in PATH_ARGUMENTS)
+              if isinstance(path, str) and "://" in path]
+    if remote:  # one line for an unreachable bucket, not a minute of client retries
+        from scaling.storage import StorageAccessError, check_access
+
+        try:
+            check_access(*remote)
+        except StorageAccessError as error:  # its message names the path and the likely cause
+            print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
+            return 2
     try:
         return args.run(args)
     except AnalysisInputError as error:

@@ -81,7 +81,7 @@ import typing
 
 import numpy as np
 
-from scaling import cli, token_cache
+from scaling import cli, storage, token_cache
 from scaling.config import CLASSIFICATION_SOURCES, SYNTHETIC_SOURCES, DataConfig, from_dict
 from scaling.token_cache import SPECIAL_TOKENS
 from scaling.tokenizer import ByteTokenizer
@@ -458,6 +458,7 @@ def main(argv=None) -> None:
     args = _parser().parse_args(argv)
     try:
         config = _config_from_args(args)
+        storage.check_access(args.cache_dir)  # a gs:// cache's bucket: one line (StorageAccessError) if unusable
         if args.command == "cache":
             if not args.cache_dir:
                 raise ValueError("cache needs --cache-dir DIR (a local path or gs://BUCKET/...)")

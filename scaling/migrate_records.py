@@ -33,6 +33,7 @@ import json
 import sys
 
 from scaling import records
+from scaling.storage import StorageAccessError, check_access
 
 # Version 2's required fields that version 1 left optional, each as the config gives it.
 _FROM_CONFIG = ("point_id", "lr_rule", "peak_lr", "planned_steps")
@@ -126,6 +127,11 @@ def main(argv=None) -> int:
     parser.add_argument("directories", nargs="+", metavar="DIR", help="a sweep directory (local or gs://)")
     parser.add_argument("--dry-run", action="store_true", help="check and count, write nothing")
     args = parser.parse_args(argv)
+    try:
+        check_access(*args.directories)  # one line for an unusable bucket, not a minute of client retries
+    except StorageAccessError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     code = 0
     for root in args.directories:
         counts, problems = migrate(root, write=not args.dry_run)

@@ -29,17 +29,31 @@ here, to what the others read:
 Importing ``scaling`` calls ``use_emulator`` once; it changes nothing unless
 ``STORAGE_EMULATOR_HOST`` is set. A process that sets the variable later
 (the test fixture) calls it again.
+
+Every command line that takes a ``gs://`` path first calls ``check_access``:
+one listing request per bucket with a timeout of seconds and no retries, so an
+unreachable storage, refused credentials or a missing bucket is one line
+(``StorageAccessError``) instead of a minute of retries and tracebacks from
+the clients above, each of which retries on its own.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Sequence
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
+CLOUD_STORAGE_URL = "https://storage.googleapis.com"  # what gcsfs and google-cloud-storage reach without an emulator
+PROBE_TIMEOUT_S = 5.0  # per step of check_access; a healthy bucket answers in well under a second
 
 
 def is_remote(path) -> bool:
@@ -176,3 +190,134 @@ def use_emulator(environ=None) -> str | None:
 
         backend.fsspec_backend._get_filesystem.cache_clear()  # epath keeps the filesystem it made
     return url
+
+
+class StorageAccessError(OSError):
+    """A ``gs://`` path whose bucket cannot be used: storage unreachable, credentials refused, or no such
+    bucket. The message is one line naming the path and the likely cause."""
+
+
+def check_access(*paths, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Raise ``StorageAccessError`` unless the bucket of every ``gs://`` path answers a one-object listing.
+
+    Each bucket is asked once, with no retries: a TCP connection to the storage
+    (name lookup included) within ``timeout_s`` seconds, then one listing
+    request of the path's prefix within ``timeout_s`` seconds, sent with the
+    credentials gcsfs uses (none to an emulator). A listing, not the bucket's
+    metadata, because listing is what the project needs: object-level roles
+    may list a bucket they may not describe. Local paths, other schemes and
+    empty values pass unchecked, so callers may pass every path argument.
+    """
+    asked = set()
+    for path in paths:
+        text = os.fspath(path) if path else ""
+        scheme, _, rest = text.partition("://")
+        bucket, _, key = rest.partition("/")
+        if scheme not in ("gs", "gcs") or not bucket or bucket in asked:
+            continue
+        asked.add(bucket)
+        _probe_bucket(text, bucket, key, timeout_s)
+
+
+def _probe_bucket(path: str, bucket: str, key: str, timeout_s: float) -> None:
+    emulator = emulator_url()
+    endpoint = emulator or CLOUD_STORAGE_URL
+    hint = f"is {EMULATOR_VARIABLE} right?" if emulator else "is the network up?"
+    parts = urllib.parse.urlsplit(endpoint)
+    failure = _connect(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80), timeout_s)
+    if failure:
+        raise StorageAccessError(f"{path}: cannot reach Cloud Storage at {endpoint} ({failure}; {hint})")
+    # Credentials only now: finding them can take seconds (gcsfs asks a GCE metadata server), and an
+    # unreachable storage needs none. Through epath's own filesystem instance, so they are found once.
+    headers = {} if emulator else _credential_headers(path)
+    query = urllib.parse.urlencode({"maxResults": 1, "prefix": key.rstrip("/"), "fields": "kind"})
+    request = urllib.request.Request(f"{endpoint}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?{query}",
+                                     headers=headers)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # gcsfs's aiohttp uses no proxy either
+    try:
+        with opener.open(request, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as error:
+        raise StorageAccessError(_refusal(path, bucket, endpoint, error.code, _server_message(error))) from None
+    except urllib.error.URLError as error:
+        failure = _failure(error.reason, parts.hostname, timeout_s)
+    except OSError as error:  # a timeout while reading the answer, a reset connection
+        failure = _failure(error, parts.hostname, timeout_s)
+    raise StorageAccessError(f"{path}: cannot reach Cloud Storage at {endpoint} ({failure}; {hint})")
+
+
+def _connect(host: str, port: int, timeout_s: float) -> str | None:
+    """Why a TCP connection to ``host:port`` failed within ``timeout_s`` seconds, or None if it opened.
+
+    In a thread, because the name lookup inside ``create_connection`` heeds no timeout.
+    """
+    errors: list[OSError] = []
+
+    def attempt():
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=attempt, name="storage-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return f"no answer within {timeout_s:g} s"
+    return _failure(errors[0], host, timeout_s) if errors else None
+
+
+def _failure(error, host, timeout_s: float) -> str:
+    """A few words for a connection error: what a user can act on, not the exception's class."""
+    if isinstance(error, socket.gaierror):
+        return f"the name {host} does not resolve"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, TimeoutError):  # socket.timeout is TimeoutError
+        return f"no answer within {timeout_s:g} s"
+    return (getattr(error, "strerror", None) or str(error) or type(error).__name__).strip()
+
+
+def _credential_headers(path: str) -> dict:
+    """The authorisation headers gcsfs would send (none for anonymous access)."""
+    try:
+        import fsspec
+
+        filesystem = fsspec.filesystem("gcs", finalize_on_close=True)  # the instance etils.epath makes
+        headers: dict = {}
+        filesystem.credentials.apply(headers)  # refreshes an expired token
+        return headers
+    except ImportError:
+        return {}
+    except Exception as error:  # noqa: BLE001 - google-auth raises several kinds; all mean the same here
+        raise StorageAccessError(
+            f"{path}: no usable Google Cloud credentials ({' '.join(str(error).split())[:200]}); run "
+            "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
+
+
+def _refusal(path: str, bucket: str, endpoint: str, code: int, message: str) -> str:
+    """The one line for an HTTP error answer to the listing."""
+    said = f"HTTP {code}" + (f": {message}" if message else "")
+    if code == 401:
+        return (f"{path}: Cloud Storage at {endpoint} wants valid credentials ({said}); run "
+                "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS")
+    if code == 403:
+        return (f"{path}: the credentials in use may not list bucket {bucket} ({said}); grant them "
+                "storage.objects.list on it (e.g. roles/storage.objectAdmin) or use other credentials")
+    if code == 404:
+        return (f"{path}: no such bucket {bucket} at {endpoint} ({said}); create it first, e.g. "
+                f"`gcloud storage buckets create gs://{bucket}`")
+    return f"{path}: Cloud Storage at {endpoint} refused to list bucket {bucket} ({said})"
+
+
+def _server_message(error: urllib.error.HTTPError) -> str:
+    """The storage's own explanation from an error answer (JSON ``error.message``, else its text), one line."""
+    try:
+        body = error.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    try:
+        body = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return " ".join(str(body).split())[:200]

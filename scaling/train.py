@@ -59,7 +59,7 @@ from scaling.cpu_allocator import tune_cpu_allocator
 from scaling.flops import model_flops_utilization
 from scaling.program import Program, build, evaluate, evaluate_metrics, hyperparameters
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
-from scaling.storage import is_remote, write_atomic
+from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from scaling.track import Tracker, new_wandb_id
 
 PRESETS = {
@@ -479,7 +479,12 @@ def main(argv=None) -> int:
     parser.add_argument("--process-id", type=int, help="with --coordinator: this process's index")
     args = parser.parse_args(argv)
     try:
+        check_access(args.workdir, args.config)  # one line now, not a minute of client retries later
         config = override(load_config(args.config), args.overrides)
+        check_access(config.data.cache_dir)
+    except StorageAccessError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -67,7 +67,7 @@ import sys
 
 from scaling import cli
 from scaling.cli import fmt
-from scaling.storage import is_remote, write_atomic
+from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
@@ -398,6 +398,9 @@ COMMANDS = {
 }
 
 
+# The commands that read or write the work directory here (preflight does not; sky's is read by the cluster).
+STORAGE_COMMANDS = ("list", "dry-run", "run", "status")
+
 HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP overrides its address), "
                 "TPU_WORKER_HOSTNAMES/TPU_WORKER_ID on GKE, SLURM_* under SLURM, and "
                 "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID otherwise; see sweeps/hosts.py.")
@@ -482,12 +485,14 @@ def main(argv=None) -> int:
         if args.command == "hosts":
             return args.function(args)
         args.workdir = _resolve_workdir(args.workdir)
+        if args.command in STORAGE_COMMANDS:
+            check_access(args.workdir)
         sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
         code = args.function(sweep, args)
         if "scaling.checkpoints" in sys.modules:  # a run trained here: never wait on an abandoned write
             return sys.modules["scaling.checkpoints"].exit_now_if_abandoned(code)
         return code
-    except ValueError as error:  # SweepFileError, LauncherError and config validation errors
+    except (ValueError, StorageAccessError) as error:  # SweepFileError, LauncherError, config validation errors
         print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
