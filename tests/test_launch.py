@@ -230,7 +230,7 @@ def test_the_result_line_says_which_time_is_training_and_which_wall(tmp_path, ca
 def test_the_table_explains_budget_beside_n(tmp_path, capsys):
     budgets = write_sweep(tmp_path, "budgets", "depths=(1,), budgets=(2e4,)")  # width 48: N = 2.76e4
     assert launch.main(["list", str(budgets), "--workdir", str(tmp_path / "runs")]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the footnote is wrapped
     assert "2.76e+04" in out and "2e+04" in out
     assert "budget: the N the sweep file asks for" in out and "multiple of 16 channels" in out
     widths = write_sweep(tmp_path, "widths", "depths=(1,), widths={1: (16,)}")  # no budgets: nothing to explain
