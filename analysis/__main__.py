@@ -9,7 +9,7 @@
     python -m analysis log-length results/log_length --figure accuracy.png
     python -m analysis synthetic --out sweep.csv
 
-The same commands are installed as ``depth-width-analysis``.
+The same commands are installed as depth-width-analysis.
 
 Sizes are non-embedding parameters N = 12·L·d²; widths are d_x in channels.
 Bad input prints one error line and exits with status 2.
@@ -241,7 +241,7 @@ def cmd_fit(args) -> int:
     if fit is None and args.save:
         # Non-zero, so that a script chaining `fit --save` into `optimal --fit` stops here, not one step later.
         why = result.fit_messages.get(args.estimate) or result.message or "no transitions to fit"
-        print(f"{PROG} fit: nothing saved to {args.save}: no {args.estimate} fit ({why})", file=sys.stderr)
+        print(f"{_prog()} fit: nothing saved to {args.save}: no {args.estimate} fit ({why})", file=sys.stderr)
         return 1
     return 0
 
@@ -322,11 +322,24 @@ def cmd_log_length(args) -> int:
 
 
 # ---------------------------------------------------------------- parser
+def _described_by_their_help(commands):
+    """``commands`` whose subcommands' ``--help`` opens with the one line the command list shows, unless
+    given a longer description."""
+    add_parser = commands.add_parser
+
+    def add_described(name, **kwargs):
+        kwargs.setdefault("description", kwargs.get("help"))
+        return add_parser(name, **kwargs)
+
+    commands.add_parser = add_described
+    return commands
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` argument parser."""
-    parser = _Parser(prog=PROG, description=__doc__,
+    parser = _Parser(prog=_prog(), description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = _described_by_their_help(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
     fit_help = "fit preset (levine2020, the paper's eq. 10) or a JSON file from `fit --save`"
     optimal = commands.add_parser("optimal", help="optimal depth and width for one or more parameter budgets")

@@ -4,6 +4,9 @@ One self-attention layer of width d has 4·d² attention weights (query, key,
 value, output) and 8·d² feed-forward weights (d -> 4d -> d), so depth L gives
 the *non-embedding* size N = 12·L·d². Embeddings (token, position,
 unembedding) and the small LayerNorm / bias vectors are counted separately.
+
+JAX and Flax are imported only by the functions that build the parameter
+tree, so the launcher's listing and ``--help`` start without them.
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from scaling.config import ModelConfig
@@ -37,6 +38,8 @@ def abstract_params(config: ModelConfig, *, padded: bool = False) -> dict:
     vocabulary axes are padded (``scaling.model.padded_vocab_size``).
     """
     import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
 
     from scaling.model import VOCAB_MULTIPLE, Transformer
 
@@ -63,6 +66,8 @@ def count_params(model_config: ModelConfig) -> dict:
     biases. Ids padding the vocabulary are not parameters and are not
     counted. Uses ``jax.eval_shape``, so a 175B-parameter shape costs no memory.
     """
+    import jax
+
     counts = {"non_embedding": 0, "embedding": 0, "other": 0}
     leaves = jax.tree_util.tree_flatten_with_path(abstract_params(model_config))[0]
     for path, leaf in leaves:

@@ -2,7 +2,7 @@
 
 A checkpoint holds two items: ``state`` (parameters, optimizer state, step;
 orbax's standard pytree format, restored straight into the run's shardings)
-and ``meta`` (JSON: the wandb id, the initial eval loss, wall seconds so far).
+and ``meta`` (JSON: the wandb id, the initial eval loss, wall and training seconds so far).
 
 - ``Checkpoints.check_writable`` writes and removes a probe file before
   training, so a directory that cannot take checkpoints stops the run at

@@ -5,6 +5,7 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 
 SCRIPT_PREFIX = "depth-width-"  # the console scripts of pyproject.toml
 
@@ -20,6 +21,15 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class ParagraphHelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, with the description's and epilog's line breaks kept: each line is
+    wrapped to the terminal on its own (argparse's default joins them into one paragraph)."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent) if line
+                         else "" for line in text.splitlines())
 
 
 def fmt(value, spec: str, missing: str = "-") -> str:

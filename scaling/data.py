@@ -414,7 +414,7 @@ def _data_options() -> argparse.ArgumentParser:
     """``DataConfig``'s fields as options (``seq_len`` -> ``--seq-len``), built from the
     dataclass: a field's description is its help, a ``Literal`` type its choices."""
     data = argparse.ArgumentParser(add_help=False)
-    group = data.add_argument_group("data config (unset options keep scaling.config.DataConfig defaults)")
+    group = data.add_argument_group("data config (an option left out keeps the default shown)")
     for name, field in DataConfig.__pydantic_fields__.items():
         literal = typing.get_origin(field.annotation) is typing.Literal
         group.add_argument("--" + name.replace("_", "-"), dest=name,
@@ -428,7 +428,7 @@ def _parser() -> argparse.ArgumentParser:
     data = _data_options()
     parser = argparse.ArgumentParser(
         prog=cli.prog("python -m scaling.data"),
-        description="Build a token cache once (`cache`), or inspect the data pipeline: corpus statistics, "
+        description="Build a token cache once (cache), or inspect the data pipeline: corpus statistics, "
                     "or the hash of one training batch (to check that two machines, a restarted run or a "
                     "run reading a cache see the same data).")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -441,11 +441,11 @@ def _parser() -> argparse.ArgumentParser:
                        default=token_cache.DEFAULT_SHARD_DOCUMENTS, help="documents per token shard (default "
                        f"{token_cache.DEFAULT_SHARD_DOCUMENTS:,}); a resumed build must use the same number")
     cache.add_argument("--quiet", action="store_true", help="no progress bars")
-    stats = commands.add_parser("stats", parents=[data],
-                                help="fingerprint, vocabulary and (text sources) train/validation sizes")
+    stats_help = "fingerprint, vocabulary and (text sources) train/validation sizes"
+    stats = commands.add_parser("stats", parents=[data], help=stats_help, description=stats_help)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
-    digest = commands.add_parser("batch-hash", parents=[data],
-                                 help="SHA-256 of the inputs (int32) of one global training batch")
+    digest_help = "SHA-256 of the inputs (int32) of one global training batch"
+    digest = commands.add_parser("batch-hash", parents=[data], help=digest_help, description=digest_help)
     digest.add_argument("--seed", type=int, required=True, help="data-order seed")
     digest.add_argument("--step", type=int, required=True, help="optimizer step")
     digest.add_argument("--batch-size", dest="batch_size", type=int, required=True,

@@ -22,11 +22,12 @@ def is_terminal(stream) -> bool:
 
 
 def bar(*, total: int, desc: str, unit: str, file=None, initial: int = 0, leave: bool = True,
-        interval: float = 30.0, shown: bool = True, **tqdm_options):
+        interval: float = 30.0, shown: bool = True, clock: str = "", **tqdm_options):
     """A progress display of ``total`` ``unit``s: tqdm on a terminal, else ``LineProgress``.
 
     ``interval`` (seconds) spaces the plain lines; ``shown=False`` gives a
-    display that prints nothing; ``tqdm_options`` go to tqdm only.
+    display that prints nothing; ``clock`` says what the plain lines' elapsed
+    time counts (e.g. "of training, compiling excluded"); ``tqdm_options`` go to tqdm only.
     """
     file = sys.stderr if file is None else file
     if not shown:
@@ -36,7 +37,7 @@ def bar(*, total: int, desc: str, unit: str, file=None, initial: int = 0, leave:
 
         return tqdm(total=total, desc=desc, unit=unit, file=file, initial=initial, leave=leave, **tqdm_options)
     return LineProgress(total=total, desc=desc, unit=unit, file=file, initial=initial, leave=leave,
-                        interval=interval)
+                        interval=interval, clock=clock)
 
 
 def duration(seconds: float) -> str:
@@ -48,19 +49,35 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def run_time(steps: int, train_seconds: float | None, wall_seconds: float | None) -> str:
+    """A run's time in words, saying what each number counts (``scaling.records.RunRecord``'s two measures):
+
+    '500 steps in 19 s of training (+41 s loading data, compiling, final evaluation and checkpoint; 60 s wall)';
+    '500 steps in 60 s wall' for a record that has no ``train_seconds``.
+    """
+    if wall_seconds is None:
+        return f"{steps} steps"
+    if train_seconds is None:
+        return f"{steps} steps in {duration(wall_seconds)} wall"
+    rest = max(wall_seconds - train_seconds, 0.0)
+    return (f"{steps} steps in {duration(train_seconds)} of training (+{duration(rest)} loading data, compiling, "
+            f"final evaluation and checkpoint; {duration(wall_seconds)} wall)")
+
+
 class LineProgress:
     """The part of tqdm's interface the trainer and launcher use, written as plain lines.
 
-    A line looks like ``L2-d64-s0: 120/300 steps (40%), 8.1 steps/s, about 22 s left, loss=2.31``.
-    The rate and time left count from creation (``start_t``, as tqdm names it).
+    A line looks like ``L2-d64-s0: 120/300 steps (40%), 8.1 steps/s, about 22 s left, loss=2.31``,
+    the last one ``... 300/300 steps (100%), 8.1 steps/s, 300 steps in 37 s {clock}, loss=2.29``.
+    The rate, time left and time taken count from creation (``start_t``, as tqdm names it).
     With ``leave=False`` (a bar shown only while compiling) it prints nothing.
     """
 
     def __init__(self, *, total: int, desc: str, unit: str, file, initial: int = 0, leave: bool = True,
-                 interval: float = 30.0):
+                 interval: float = 30.0, clock: str = ""):
         self.total, self.desc, self.unit, self.file = total, desc, unit, file
         self.n = self._start = initial
-        self.leave, self.interval = leave, interval
+        self.leave, self.interval, self.clock = leave, interval, clock
         self.postfix = ""
         self.start_t = time.monotonic()
         self._printed_at, self._printed_n = self.start_t, initial
@@ -92,8 +109,9 @@ class LineProgress:
             parts.append(f"{rate:.3g} {self.unit}s/s" if rate >= 1 else f"{duration(1 / rate)} per {self.unit}")
             if self.total and self.n < self.total:
                 parts.append(f"about {duration((self.total - self.n) / rate)} left")
-            else:
-                parts.append(f"in {duration(elapsed)}")
+            else:  # the count of this display's units: a resumed run's first ones were done before
+                parts.append(f"{done} {self.unit}{'s' if done != 1 else ''} in {duration(elapsed)}"
+                             + (f" {self.clock}" if self.clock else ""))
         if self.postfix:
             parts.append(self.postfix)
         print(f"{self.desc}: " + ", ".join(parts), file=self.file, flush=True)

@@ -18,6 +18,8 @@ Guarantees:
   ``peak_lr``, ``planned_steps``), which version 1 left optional. A
   version-1 record is refused with one line naming the command that
   upgrades it in place, once (``python -m scaling.migrate_records DIR``).
+  Optional fields added later (``train_seconds``) keep the version: a record
+  without one reads as before, with the field None.
 """
 
 from __future__ import annotations
@@ -49,8 +51,15 @@ class RunRecord:
 
     Units: losses in nats per predicted token (``*_bits`` in bits), sizes in
     parameters (``params_non_embedding`` is N = 12·L·d²), ``tokens`` in
-    training tokens actually consumed, time in seconds of wall clock summed
-    over every segment of a resumed run. ``point_id`` is the run id of the
+    training tokens actually consumed. Time, in seconds of wall clock summed
+    over every segment of a resumed run (an interrupted segment's time after
+    its last checkpoint is lost with it), comes in two measures:
+    ``wall_seconds`` is the whole run: loading the data, compiling, every
+    evaluation and checkpoint, the steps; ``train_seconds`` only the steps,
+    from the moment the train step had compiled to the last step (the
+    periodic logging, evaluations and checkpoints between steps included,
+    the first evaluation and the final one with its checkpoint not). Records
+    written before ``train_seconds`` existed have None. ``point_id`` is the run id of the
     same config with the seed left out: runs that share it differ only by
     seed, so the analysis may pool them. ``peak_lr`` is the config's peak
     learning rate (``lr_rule`` scales it per width), ``planned_steps`` the
@@ -84,6 +93,7 @@ class RunRecord:
     final_eval_accuracy: float | None = None
     final_eval_bits: float | None = None
     wall_seconds: float = 0.0
+    train_seconds: float | None = None
     wandb_id: str | None = None
     error: str | None = None
     log_file: str | None = None
@@ -111,6 +121,12 @@ class RunRecord:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
                 raise ValueError(f"{name}={value!r} is invalid: allowed a number or null")
+        for name in ("wall_seconds", "train_seconds"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and value >= 0):
+                raise ValueError(f"{name}={value!r} is invalid: allowed a number of seconds >= 0"
+                                 + (" or null" if name == "train_seconds" else ""))
         if self.status == "finished":
             loss = self.final_eval_loss
             if loss is None or not math.isfinite(loss) or loss < 0:

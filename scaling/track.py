@@ -41,6 +41,10 @@ def new_wandb_id() -> str:
     return secrets.token_hex(6)
 
 
+# What the progress display's time counts: the run record's train_seconds (scaling/records.py).
+STEPS_CLOCK = "of training (compiling excluded)"
+
+
 class Tracker:
     """Writes metrics to JSONL (always), wandb (process 0, unless disabled) and a progress display.
 
@@ -83,7 +87,7 @@ class Tracker:
         self._bar_args = None
         if self.is_main and show_progress:
             self._bar_args = dict(total=total_steps, desc=name or "train", unit="step", dynamic_ncols=True,
-                                  file=sys.stderr, mininterval=1.0)
+                                  file=sys.stderr, mininterval=1.0, clock=STEPS_CLOCK)
             self._start_step = start_step
             # The bar shown while compiling is replaced by a fresh one at the first trained step, so the
             # rate and ETA exclude compilation; tqdm's reset() would redraw it at step 0 first.
@@ -120,6 +124,13 @@ class Tracker:
             self.bar = progress.bar(initial=self._start_step, **self._bar_args)
             self._bar_timed = True
         self.bar.update(steps)
+
+    def end_of_steps(self) -> None:
+        """The last step is done: the progress display prints its final line now, so the time it shows is
+        the steps' (the run record's ``train_seconds``), not the final evaluation's and checkpoint's too."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def flush(self, through_step: int | None = None) -> None:
         """Write the rows of steps up to ``through_step`` (all rows if None) to ``metrics.jsonl``."""

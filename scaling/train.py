@@ -32,18 +32,24 @@ Guarantees:
 The command line tunes glibc's allocator for XLA:CPU (``cpu_allocator.py``)
 before JAX starts; importing this module changes nothing process-wide.
 
-Command line: ``python -m scaling.train --help``.
+Command line: ``python -m scaling.train --help`` (``train_cli.py``).
 """
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":
+    # `python -m scaling.train`: the command line reads its arguments before this module (and JAX) is
+    # imported, so --help and bad input answer at once; it imports scaling.train itself to train.
+    import sys
+
+    from scaling.train_cli import main
+
+    sys.exit(main())
+
 import contextlib
 import dataclasses
 import json
 import math
-import os
-import runpy
 import sys
 import time
 from typing import Callable, NamedTuple
@@ -52,24 +58,15 @@ import jax
 import numpy as np
 from etils import epath
 
-from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, records, rundir
-from scaling.checkpoints import Checkpoints, exit_now_if_abandoned
-from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
-from scaling.cpu_allocator import tune_cpu_allocator
+from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, records, rundir
+from scaling.checkpoints import Checkpoints
+from scaling.config import TrainConfig, config_id, to_dict
 from scaling.flops import model_flops_utilization
 from scaling.program import Program, build, evaluate, evaluate_metrics, hyperparameters
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
-from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
+from scaling.storage import write_atomic
 from scaling.track import Tracker, new_wandb_id
-
-PRESETS = {
-    # L=2, d=64 on the built-in corpus: ~300 steps in well under 2 minutes on 2 CPU cores.
-    "tiny": TrainConfig(
-        model=ModelConfig(depth=2, width=64, head_dim=16, max_seq_len=128),
-        data=DataConfig(source="builtin", seq_len=128),
-        steps=300, batch_size=16, eval_every=100, eval_batches=8, checkpoint_every=50, log_every=10,
-        name="tiny"),
-}
+from scaling.train_cli import PRESETS, load_config, main  # noqa: F401 - the command line's names, kept here
 
 
 # ---------------------------------------------------------------------------
@@ -103,13 +100,13 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         # Listen from the start: a preemption while the data loads or the step compiles stops the run too.
         resources.enter_context(stop.listening())
         resources.enter_context(stop.watching(run_lease))
+        started = time.perf_counter()  # wall seconds: the whole run, loading the data included
         outcome = resources.enter_context(Outcome(run_dir, _new_record(config, run_dir), stop).recorded())
         pipeline = data.build(config.data)
         outcome.record = outcome.record.replace(data_fingerprint=pipeline.fingerprint)
         config = resolve_config(config, pipeline)
         # The record was begun from the user's config; its parameter counts follow the tokenizer's vocabulary.
         outcome.record = outcome.record.replace(**_param_counts(config))
-        started = time.perf_counter()  # wall seconds count compilation and evaluation, not loading the data
         program = _program_for(config, pipeline, devices)
         checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state,
                                   should_stop=lambda: stop.requested)
@@ -228,7 +225,7 @@ def _program_for(config: TrainConfig, pipeline, devices) -> Program:
 
 class Start(NamedTuple):
     """Where a run segment starts: the state, the checkpoint's ``meta`` (wandb id, initial eval loss,
-    wall seconds so far), its step, and whether it was restored from a checkpoint."""
+    wall and training seconds so far), its step, and whether it was restored from a checkpoint."""
 
     state: dict
     meta: dict
@@ -243,7 +240,7 @@ def _restore_or_init(checkpoints: Checkpoints, program: Program, seed: int, name
         print(f"warning: {name}: damaged checkpoint passed over, {line}", file=sys.stderr)
     if restored is not None:
         return Start(*restored, resumed=True)
-    meta = {"wandb_id": new_wandb_id(), "initial_eval_loss": None, "wall_seconds": 0.0}
+    meta = {"wandb_id": new_wandb_id(), "initial_eval_loss": None, "wall_seconds": 0.0, "train_seconds": 0.0}
     return Start(program.init(jax.random.PRNGKey(seed)), meta, 0, resumed=False)
 
 
@@ -311,6 +308,11 @@ class Training:
         # Classification rows are padded to their split's longest string, not to seq_len.
         self.row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
         self.started, self.earlier_seconds = started, float(start.meta.get("wall_seconds", 0.0))
+        # Training seconds (records.RunRecord.train_seconds): from the end of the first step's compilation
+        # to the last step. Checkpoints written before they were counted hold none: they count from here.
+        self.earlier_train_seconds = float(start.meta.get("train_seconds", 0.0))
+        self.steps_started: float | None = None  # when this segment's first step had compiled
+        self.steps_ended: float | None = None
         self.status, self.eval_loss, self.saved_step = "finished", None, None
         # A resume at the last step trains nothing: its training loss is the one logged before.
         self.last_loss = parts.tracker.pending(start.step).get("loss")
@@ -342,12 +344,14 @@ class Training:
         hooks, self.window_start = self.hooks(), time.perf_counter()
         iterator = self.parts.pipeline.train_iterator(config.seed, self.start_step, config.batch_size,
                                                       jax.process_index(), jax.process_count())
-        with contextlib.closing(iterator):
+        with contextlib.closing(iterator), self.timing_steps():
             for step, local_batch in iterator:
                 if step >= config.steps:
                     return
                 batch = mesh_lib.global_batch(local_batch, program.mesh, config.batch_size)
                 self.state, metrics = program.train_step(self.state, batch, self.hparams)
+                if self.steps_started is None:  # the first call compiled the step (or found it compiled)
+                    self.steps_started = time.perf_counter()
                 self.pending.append((step, metrics))
                 self.window_steps += 1
                 self.parts.tracker.advance()  # the first call comes after compilation, so the ETA excludes it
@@ -357,6 +361,16 @@ class Training:
                         hook.callback(done)
                     if self.status == "diverged":
                         return
+
+    @contextlib.contextmanager
+    def timing_steps(self):
+        """Around the loop: when it ends (last step, divergence or a stop), the training clock stops and
+        the progress display prints its final line, so both show the steps' time alone."""
+        try:
+            yield
+        finally:
+            self.steps_ended = time.perf_counter()
+            self.parts.tracker.end_of_steps()
 
     def log(self, done: int) -> None:
         """Fetch the metrics of the steps since the last log and log the newest, or stop as ``diverged``."""
@@ -406,7 +420,7 @@ class Training:
         stop = self.parts.stop
         stop.check_lease(read_now=True)
         self.parts.tracker.flush(through_step=step)
-        self.meta["wall_seconds"] = self.wall_seconds()
+        self.meta["wall_seconds"], self.meta["train_seconds"] = self.wall_seconds(), self.train_seconds()
         with stop.write_abandoned_means_stop():
             self.parts.checkpoints.save(step, self.state, self.meta, force=force)
         self.saved_step = step
@@ -414,6 +428,13 @@ class Training:
     def wall_seconds(self) -> float:
         """Seconds of wall clock of every segment so far, this one included."""
         return self.earlier_seconds + time.perf_counter() - self.started
+
+    def train_seconds(self) -> float:
+        """Seconds of training steps (compilation excluded) of every segment so far, this one included."""
+        if self.steps_started is None:
+            return self.earlier_train_seconds
+        ended = time.perf_counter() if self.steps_ended is None else self.steps_ended
+        return self.earlier_train_seconds + ended - self.steps_started
 
     def finish(self, record: records.RunRecord) -> records.RunRecord:
         """Unless diverged, evaluate and checkpoint the last step; wait for the writes; the final record."""
@@ -437,83 +458,5 @@ class Training:
             status=self.status, final_eval_loss=self.eval_loss if self.status == "finished" else None,
             initial_eval_loss=self.meta["initial_eval_loss"], final_train_loss=self.last_loss, steps=steps_done,
             tokens=steps_done * self.tokens_per_step, tokens_per_step=self.tokens_per_step,
-            wall_seconds=self.wall_seconds(), wandb_id=tracker.wandb_id, **accuracy)
-
-
-# ---------------------------------------------------------------------------
-# Command line
-
-
-def load_config(preset_or_file: str) -> TrainConfig:
-    """A ``TrainConfig`` from a preset name, a ``config.json`` or a Python file defining ``config()``."""
-    if preset_or_file in PRESETS:
-        return PRESETS[preset_or_file]
-    path = epath.Path(preset_or_file)
-    if not path.exists():
-        raise ValueError(f"--config {preset_or_file!r}: not a preset ({', '.join(PRESETS)}) and no such file")
-    if path.suffix == ".json":
-        return from_dict(TrainConfig, json.loads(path.read_text()))
-    if path.suffix == ".py":
-        namespace = runpy.run_path(str(path))
-        if "config" not in namespace:
-            raise ValueError(f"--config {preset_or_file}: a Python config file must define config() -> TrainConfig")
-        return namespace["config"]()
-    raise ValueError(f"--config {preset_or_file}: expected a preset, a .json or a .py file")
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=cli.prog("python -m scaling.train"),
-        description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
-                    "latest checkpoint, or does nothing if the run already finished.",
-        epilog="Example: python -m scaling.train --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")
-    parser.add_argument("--config", required=True,
-                        help=f"a preset ({', '.join(PRESETS)}), a run's config.json, or a .py file defining config()")
-    parser.add_argument("--workdir", required=True, help="run directory (local path or gs:// URI)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. model.depth=4 or optim.lr_rule=mup (repeatable)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--coordinator", help="multi-process start-up: coordinator host:port (on a pod, use "
-                                              "python -m sweeps.launch run --pod-wide, which finds it)")
-    parser.add_argument("--num-processes", type=int, help="with --coordinator: total number of processes")
-    parser.add_argument("--process-id", type=int, help="with --coordinator: this process's index")
-    args = parser.parse_args(argv)
-    try:
-        check_access(args.workdir, args.config)  # one line now, not a minute of client retries later
-        config = override(load_config(args.config), args.overrides)
-        check_access(config.data.cache_dir)
-    except StorageAccessError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if not is_remote(args.workdir) and os.path.isfile(os.path.expanduser(args.workdir)):
-        print(f"error: --workdir {args.workdir}: is a file, not a directory", file=sys.stderr)
-        return 2
-    tune_cpu_allocator()
-    mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
-    return exit_now_if_abandoned(_run_command(config, args))
-
-
-def _run_command(config: TrainConfig, args) -> int:
-    try:
-        result = run(config, args.workdir, show_progress=not args.no_progress)
-    except Preempted as stop:
-        print(str(stop), file=sys.stderr)
-        return PREEMPTED_EXIT_CODE
-    except (rundir.ConfigMismatch, lease_lib.RunBusy, LeaseLost, records.OutdatedRecord) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except Exception as error:  # noqa: BLE001 - the traceback is in the run's error.log
-        where = rundir.absolute_path(args.workdir) / "error.log"
-        print(f"error: run failed: {rundir.one_line(error)} (traceback in {where})", file=sys.stderr)
-        return 1
-    if jax.process_index() == 0:
-        print(json.dumps({k: getattr(result, k) for k in ("status", "name", "final_eval_loss", "steps", "tokens",
-                                                          "wall_seconds")}))
-    return 0 if result.status == "finished" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            wall_seconds=self.wall_seconds(), train_seconds=self.train_seconds(), wandb_id=tracker.wandb_id,
+            **accuracy)

@@ -35,7 +35,6 @@ tests: they parse the tasks with SkyPilot and stop before submitting.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fnmatch
 import json
@@ -242,14 +241,21 @@ def cmd_sky(sweep, args) -> int:
     return 0
 
 
+SKY_DESCRIPTION = (
+    "Launch the sweep's shares as SkyPilot managed jobs on TPU slices or GPU nodes: --shares N gives N jobs, "
+    "each training its share (run --shard i/N) on its own slice or node. SkyPilot provisions, copies this "
+    "working tree, re-creates a preempted slice and restarts the job, which resumes from the checkpoints "
+    "in the bucket; follow the runs with the status command. --dry-run prints each job's task and submits "
+    "nothing. SkyPilot is the optional extra cloud: pip install -e \".[cloud]\".")
+
+
 def add_parser(commands) -> None:
     """The ``sky`` subcommand of ``python -m sweeps.launch``."""
-    help_text = "launch the sweep's shares as SkyPilot managed jobs on TPU slices or GPU nodes (needs .[cloud])"
-    sub = commands.add_parser("sky", help=help_text, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    help_text = "launch the shares as SkyPilot managed jobs (needs .[cloud])"
+    sub = commands.add_parser("sky", help=help_text, description=SKY_DESCRIPTION)
     sub.set_defaults(function=cmd_sky)
     sub.add_argument("sweep_file", metavar="SWEEP_FILE",
-                     help="Python file defining sweep() -> sweeps.spec.Sweep, inside this repository")
+                     help="the sweep: a Python file defining sweep(), inside this repository")
     sub.add_argument("--workdir", required=True,
                      help="root of the run directories, a bucket the hosts write to, e.g. gs://my-bucket/sweeps")
     sub.add_argument("--only", action="append", default=[], metavar="GLOB",
@@ -269,8 +275,8 @@ def add_parser(commands) -> None:
                      help="one job on a multi-host TPU slice whose hosts train every run together")
     sub.add_argument("--gpu-mode", choices=("per-gpu", "mesh"), default="per-gpu",
                      help="GPU nodes: one launcher per GPU (default) or one mesh over all of them")
-    sub.add_argument("--cache-dir", help="token cache in the bucket (scaling.data cache --cache-dir); sets "
-                                         "data.cache_dir")
+    sub.add_argument("--cache-dir", help="token cache in the bucket (built by the data command's cache "
+                                         "--cache-dir); sets data.cache_dir")
     sub.add_argument("--infra", help="where SkyPilot may look, e.g. gcp/us-west4 (near the bucket: no egress)")
     sub.add_argument("--runtime-version", help="TPU VM software version (default by family, e.g. "
                                                "v2-alpha-tpuv5-lite for v5litepod)")
@@ -279,7 +285,7 @@ def add_parser(commands) -> None:
                           "exit 75 are always recovered")
     sub.add_argument("--name", help="job name prefix (default: the sweep's name)")
     sub.add_argument("--check", action="store_true",
-                     help="first minutes on a new slice type: one job, <name>-check, that runs `sweeps.launch "
-                          "hosts --check` on every host (as its share 0 would train) instead of the sweep; read "
-                          "it with `sky jobs logs`")
+                     help="first minutes on a new slice type: one job, <name>-check, that runs the hosts "
+                          "--check command on every host (as its share 0 would train) instead of the sweep; "
+                          "read it with: sky jobs logs")
 

@@ -123,14 +123,15 @@ def cmd_list(sweep: Sweep, args) -> int:
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"sweep {sweep.name}: {which}; run directories under {os.path.join(str(args.workdir), sweep.name)}")
-    print(run_table(states))
+    print(run_table(states, sweep.multiple_of))
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
 
 
 def _throughput(states: list[RunState]) -> float | None:
-    """FLOP/s the finished runs reached, wall time including compilation and evaluation."""
+    """FLOP/s the finished runs reached in wall time (``wall_seconds``: compiling, evaluation and the rest
+    included), so that estimates from it are of the time a sweep takes."""
     done = [s for s in states if s.status == "finished" and (s.record or {}).get("wall_seconds")]
     seconds = sum(s.record["wall_seconds"] for s in done)
     return sum(s.spec.flops for s in done) / seconds if seconds > 0 else None
@@ -146,9 +147,11 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     flops = sum(s.spec.flops for s in todo)
     measured = _throughput(read_states(runs, args.workdir))
     base = sweep.base
-    speed, how = ((measured, "the speed this sweep's finished runs reached") if measured else
+    speed, how = ((measured, "the speed this sweep's finished runs reached in wall time (compiling and "
+                             "evaluation included)") if measured else
                   (GUESSED_UTILISATION * base.peak_flops,
-                   f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess"))
+                   f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess; compilation "
+                   "and evaluation add to this"))
     if args.json:
         rows = [{**s.to_dict(), "action": actions.get(s.status, f"resume from step {s.checkpoint_step}"),
                  "flops": s.spec.flops} for s in states]
@@ -167,8 +170,7 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
           f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
     print(f"cost: {sum(s.spec.tokens for s in todo):.3g} training tokens, ≈{flops:.2g} FLOPs "
-          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {flops / speed / 3600:.3g} device-hours at {how}; "
-          "compilation and evaluation add to this")
+          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {flops / speed / 3600:.3g} device-hours at {how}")
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
@@ -298,7 +300,7 @@ def cmd_run(sweep: Sweep, args) -> int:
                 say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
             else:
                 say(f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
-                    f"{result.steps} steps in {fmt(result.wall_seconds, '.0f')} s")
+                    + progress.run_time(result.steps, result.train_seconds, result.wall_seconds))
             bar.update(1)
             if stop.any_process():  # all stop together, or the others would wait in the next run
                 say(f"stopping after {run.name}: {stop.signal or 'SIGTERM'} received; rerun the same command "
@@ -389,12 +391,12 @@ def _shard_arg(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-COMMANDS = {
+COMMANDS = {  # one line each in --help
     "list": (cmd_list, "table of the sweep's runs: name, L, d, N = 12·L·d², seed, status"),
-    "dry-run": (cmd_dry_run, "what `run` would do here: which runs train, resume or skip; tokens and rough cost"),
-    "run": (cmd_run, "train the pending runs (skip finished, resume interrupted), then print a summary"),
-    "status": (cmd_status, "counts per status, results table and analysis (--json: counts and run list)"),
-    "preflight": (cmd_preflight, "compile every run ahead of time for a TPU topology (no TPU needed)"),
+    "dry-run": (cmd_dry_run, "what run would do: runs to train, resume or skip; the cost"),
+    "run": (cmd_run, "train the pending runs (resume interrupted ones), then summarise"),
+    "status": (cmd_status, "counts per status, results table and the analysis so far"),
+    "preflight": (cmd_preflight, "compile every run for a TPU slice ahead of time (no TPU needed)"),
 }
 
 
@@ -406,13 +408,25 @@ HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP
                 "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID otherwise; see sweeps/hosts.py.")
 
 
+# --help is for a user at a terminal: short and plain (the module docstring is for readers of the code).
+DESCRIPTION = ("Launch, inspect and resume a sweep: the training runs a sweep file describes, each in "
+               "WORKDIR/<sweep name>/<run id>/. Rerunning a command resumes it: finished runs are skipped, "
+               "interrupted ones go on from their last checkpoint.")
+EPILOG = ("Each sweep command also takes --workdir DIR (local or gs://), --set KEY=VALUE (change the base "
+          "config, e.g. steps=100), --only GLOB (runs by name) and --shard I/N (share I of N).\n"
+          "Exit status: 0; 1 if a run failed; 2 for bad input; 75 after Ctrl-C or SIGTERM (a checkpoint is "
+          "saved: rerun the same command to resume).\n"
+          "Example: {prog} run sweeps/configs/smoke.py --workdir runs   (then: {prog} COMMAND --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m sweeps.launch`` argument parser."""
-    parser = cli.Parser(prog=cli.prog("python -m sweeps.launch"), description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The ``python -m sweeps.launch`` argument parser (imports nothing heavy: no JAX)."""
+    prog = cli.prog("python -m sweeps.launch")
+    parser = cli.Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG.format(prog=prog),
+                        formatter_class=cli.ParagraphHelpFormatter)
     common = cli.Parser(add_help=False)
     common.add_argument("sweep_file", metavar="SWEEP_FILE",
-                        help="Python file defining sweep() -> sweeps.spec.Sweep, e.g. sweeps/configs/smoke.py")
+                        help="the sweep: a Python file defining sweep(), e.g. sweeps/configs/smoke.py")
     common.add_argument("--workdir", default="runs",
                         help="root of the run directories, local or gs:// (default: runs); runs go to "
                              "WORKDIR/<sweep name>/<run id>/")
@@ -439,10 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "preflight":
             sub.add_argument("--topology", required=True,
                              help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
-                                  "multi-host slice each run is checked on one host's 2x2 chips, as `run` "
+                                  "multi-host slice each run is checked on one host's 2x2 chips, as run "
                                   "trains it by default")
             sub.add_argument("--pod-wide", action="store_true",
-                             help="check each run on the whole slice, as `run --pod-wide` trains it")
+                             help="check each run on the whole slice, as run --pod-wide trains it")
             sub.add_argument("--jobs", type=int, default=None, metavar="N",
                              help="compile the distinct programs in N processes (default: as memory and cores "
                                   "allow, at most 4)")
@@ -453,15 +467,16 @@ def build_parser() -> argparse.ArgumentParser:
                              help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
                                   "only programs that changed; 'off' compiles everything (default: "
                                   "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
-    hosts_help = "where this process runs: mode, share, TPU/GPU variables, jax.distributed (JAX not started)"
-    sub = commands.add_parser("hosts", help=hosts_help, description=hosts_help + ". " + HOSTS_EPILOG)
+    hosts_help = "where this process runs: mode, share, hosts, TPU/GPU variables"
+    sub = commands.add_parser("hosts", help=hosts_help,
+                              description=hosts_help + " (JAX not started). " + HOSTS_EPILOG)
     sub.set_defaults(function=cmd_hosts)
     sub.add_argument("--pod-wide", action="store_true", help="decide for pod-wide mode (all hosts train every run)")
     sub.add_argument("--shard", type=_shard_arg, metavar="I/N", help="an explicit share, as given to run")
     sub.add_argument("--json", action="store_true",
                      help='print {"mode", "shard": [i, n], "env", "distributed", "cluster"} as JSON')
     sub.add_argument("--check", action="store_true",
-                     help="also start JAX as `run` would and print device_count, process_count and the share; "
+                     help="also start JAX as run would and print device_count, process_count and the share; "
                           "exit 1 if they contradict the mode (run it on every worker before the sweep)")
     cloud.add_parser(commands)
     return parser

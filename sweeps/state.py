@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import textwrap
 
 import tabulate
 
@@ -30,7 +31,7 @@ class RunState(collections.namedtuple("RunState", "spec status checkpoint_step r
         record = self.record or {}
         return {**self.spec.describe(), "status": self.status, "steps": self.spec.config.steps,
                 "checkpoint_step": self.checkpoint_step, "final_eval_loss": record.get("final_eval_loss"),
-                "wall_seconds": record.get("wall_seconds")}
+                "train_seconds": record.get("train_seconds"), "wall_seconds": record.get("wall_seconds")}
 
 
 def read_state(run: RunSpec, workdir) -> RunState:
@@ -90,8 +91,9 @@ def text_table(header: list[str], rows: list[list], align: tuple[str, ...] | Non
     return tabulate.tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
 
 
-def run_table(states: list[RunState]) -> str:
-    """One line per run: name, L, d, N = 12·L·d², seed, status, eval loss (nats/token)."""
+def run_table(states: list[RunState], multiple_of: int | None = None) -> str:
+    """One line per run: name, L, d, N = 12·L·d², budget, seed, status, eval loss (nats/token); when the
+    runs have budgets, a footnote on how N follows from the budget (widths rounded to ``multiple_of``)."""
     header = ["name", "L", "d", "N (12·L·d²)", "budget", "seed", "status", "eval loss"]
     rows = []
     for state in states:
@@ -99,7 +101,18 @@ def run_table(states: list[RunState]) -> str:
         status = state.status + (f" @{state.checkpoint_step}" if state.status == "resumable" else "")
         rows.append([run.name, run.depth, run.width, f"{run.params:.3g}", fmt(run.budget, ".3g"), run.seed,
                      status, fmt(record.get("final_eval_loss"), ".4f")])
-    return text_table(header, rows)
+    table = text_table(header, rows)
+    if any(state.spec.budget is not None for state in states):
+        table += "\n" + budget_note(multiple_of)
+    return table
+
+
+def budget_note(multiple_of: int | None) -> str:
+    """Why a run's N is not its budget (``scaling.budget.width_for_budget`` says how the width is chosen)."""
+    channels = f"{multiple_of} channels" if multiple_of else "the sweep's multiple_of"
+    return textwrap.fill(f"budget: the N the sweep file asks for; N: the run's own 12·L·d², its width being "
+                         f"the multiple of {channels} whose N is nearest the budget (in log N). They differ by "
+                         "up to 2x at the narrowest width.", width=100)
 
 
 def counts(states: list[RunState]) -> dict:
@@ -147,7 +160,8 @@ def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
 def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
     """Counts per status, the results table, loss at equal size and the analysis."""
     sweep_dir = os.path.join(str(workdir), sweep.name)
-    parts = [f"== sweep {sweep.name}: {counts_line(states)} (of {len(states)} runs)", run_table(states)]
+    parts = [f"== sweep {sweep.name}: {counts_line(states)} (of {len(states)} runs)",
+             run_table(states, sweep.multiple_of)]
     parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
     parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
     return "\n".join(parts)

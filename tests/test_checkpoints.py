@@ -90,14 +90,17 @@ def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(t
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == tiny.STEPS
 
 
-def test_wall_seconds_add_up_over_resumed_segments(tmp_path, tiny_reference):
+def test_wall_and_training_seconds_add_up_over_resumed_segments(tmp_path, tiny_reference):
     reference_dir, first = tiny_reference
     shutil.copytree(reference_dir, tmp_path / "run")
     (tmp_path / "run" / "result.json").unlink()  # as if killed after the last checkpoint
     # earlier segments that took 1000 s, so the sum cannot be mistaken for the last segment alone
-    last = max((tmp_path / "run" / "checkpoints").iterdir(), key=lambda path: int(path.name))
+    saved = sorted((tmp_path / "run" / "checkpoints").iterdir(), key=lambda path: int(path.name))
+    shutil.rmtree(saved[-1])  # killed before the last step's checkpoint: the resumed segment trains steps
+    last = saved[-2]
     meta = json.loads((last / "meta" / "metadata").read_text())
     checkpointed = meta["wall_seconds"] = 1000.0
+    trained = meta["train_seconds"] = 500.0  # of which training steps
     (last / "meta" / "metadata").write_text(json.dumps(meta))
     started = time.perf_counter()
     resumed = tiny.run(tiny.config(), tmp_path / "run")
@@ -107,5 +110,8 @@ def test_wall_seconds_add_up_over_resumed_segments(tmp_path, tiny_reference):
     # which also counted the lost time)
     assert resumed.steps == first.steps
     assert checkpointed < resumed.wall_seconds <= checkpointed + segment
+    # so do the training seconds, which leave out what the segment spent loading data and compiling
+    assert trained < resumed.train_seconds < trained + segment
+    assert resumed.train_seconds - trained < resumed.wall_seconds - checkpointed
     assert tiny.metric_steps(tmp_path / "run") == tiny.metric_steps(reference_dir)  # the last step once, not twice
     assert resumed.final_train_loss == first.final_train_loss is not None

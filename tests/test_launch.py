@@ -210,6 +210,34 @@ def test_failures_are_recorded_and_preemption_stops_the_sweep(tmp_path, capsys, 
     assert "== sweep flow: 1 failed, 2 finished (of 3 runs)" in capsys.readouterr().out
 
 
+def test_the_result_line_says_which_time_is_training_and_which_wall(tmp_path, capsys, monkeypatch):
+    sweep_file = write_sweep(tmp_path, "timed", "depths=(1,), widths={1: (16,)}")
+    workdir = tmp_path / "runs"
+    (run,) = spec.load_sweep(sweep_file).expand().runs
+
+    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None):
+        return write_record(run, workdir, steps=500, train_seconds=19.2, wall_seconds=60.4)
+
+    monkeypatch.setattr(train, "run", fake_run)
+    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir)]) == 0
+    assert ("L1-d16-s0: finished, eval loss 3.0000, 500 steps in 19 s of training (+41 s loading data, compiling, "
+            "final evaluation and checkpoint; 60 s wall)") in capsys.readouterr().out
+    assert launch.main(["status", str(sweep_file), "--workdir", str(workdir), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)["runs"]
+    assert (listed["train_seconds"], listed["wall_seconds"]) == (19.2, 60.4)
+
+
+def test_the_table_explains_budget_beside_n(tmp_path, capsys):
+    budgets = write_sweep(tmp_path, "budgets", "depths=(1,), budgets=(2e4,)")  # width 48: N = 2.76e4
+    assert launch.main(["list", str(budgets), "--workdir", str(tmp_path / "runs")]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the footnote is wrapped
+    assert "2.76e+04" in out and "2e+04" in out
+    assert "budget: the N the sweep file asks for" in out and "multiple of 16 channels" in out
+    widths = write_sweep(tmp_path, "widths", "depths=(1,), widths={1: (16,)}")  # no budgets: nothing to explain
+    assert launch.main(["list", str(widths), "--workdir", str(tmp_path / "runs")]) == 0
+    assert "budget:" not in capsys.readouterr().out
+
+
 def test_shard_flag_selects_the_same_share(tmp_path, capsys):
     sweep_file = write_sweep(tmp_path, "sharded", "depths=(1, 2, 4), budgets=(3e4, 1e5, 3e5), seeds=(0, 1)")
     runs = spec.load_sweep(sweep_file).expand().runs

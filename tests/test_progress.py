@@ -48,3 +48,24 @@ def test_hidden_displays_print_nothing():
 
 def test_durations_read_naturally():
     assert progress.duration(42) == "42 s" and progress.duration(210) == "3.5 min" and progress.duration(7560) == "2.1 h"
+
+
+def test_the_last_line_says_what_its_time_counts(monkeypatch):
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    # a run resumed at step 40: this display trains 60 steps
+    bar = progress.bar(total=100, desc="L2-d64-s0", unit="step", file=out, initial=40, interval=1000,
+                       clock="of training (compiling excluded)")
+    bar.update(60)
+    bar.close()
+    # the clock is read at creation, update and close: 20 s
+    assert out.getvalue().splitlines()[-1] == ("L2-d64-s0: 100/100 steps (100%), 3 steps/s, 60 steps in 20 s of "
+                                               "training (compiling excluded)")
+
+
+def test_a_run_time_says_which_time_is_which():
+    assert progress.run_time(500, 19.2, 60.4) == ("500 steps in 19 s of training (+41 s loading data, compiling, "
+                                                  "final evaluation and checkpoint; 60 s wall)")
+    assert progress.run_time(500, None, 96.0) == "500 steps in 1.6 min wall"  # a record from before train_seconds
+    assert progress.run_time(0, None, None) == "0 steps"

@@ -43,6 +43,26 @@ def test_record_round_trip_and_validation(tmp_path):
         "final_eval_loss"] is None
 
 
+def test_train_seconds_are_optional_and_validated(tmp_path):
+    # A record written before train_seconds existed reads as before, the field None; a new one keeps it.
+    old = json.loads(records.RunRecord(**REQUIRED, wall_seconds=60.0).to_json())
+    del old["train_seconds"]
+    assert records.from_dict(old).train_seconds is None
+    record = records.RunRecord(**REQUIRED, wall_seconds=60.0, train_seconds=19.0)
+    records.write_record(tmp_path, record)
+    assert records.read_record(tmp_path).train_seconds == 19.0
+    for field, value in (("train_seconds", -1.0), ("train_seconds", "19"), ("wall_seconds", -0.5)):
+        with pytest.raises(ValueError, match=f"^{field}="):
+            records.RunRecord(**{**REQUIRED, field: value})
+
+
+def test_committed_records_still_read(tmp_path):
+    found = records.find_records(REPO / "results")
+    assert found  # the committed results were written before train_seconds existed
+    for path in found:
+        assert records.read_record(path.parent).train_seconds is None
+
+
 @pytest.mark.parametrize("field,value", [("point_id", ""), ("lr_rule", ""), ("peak_lr", 0.0),
                                          ("peak_lr", float("nan")), ("planned_steps", 0), ("planned_steps", 2.5)])
 def test_version_2_requires_what_the_analysis_groups_runs_by(field, value):

@@ -1,9 +1,11 @@
 """The trainer: learning, divergence, reruns, classification records, and one-line errors."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -29,6 +31,24 @@ def test_eval_loss_falls_by_a_third(tmp_path):
     on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
     assert on_disk["final_eval_loss"] == result.final_eval_loss
     assert (tmp_path / "run" / "config.json").exists()
+
+
+def test_training_time_leaves_out_loading_and_compiling_and_the_progress_line_shows_it(tmp_path, capsys,
+                                                                                       monkeypatch):
+    real_build = train.data.build
+
+    def slow_build(config):  # loading the data takes a second: wall time only
+        time.sleep(1.0)
+        return real_build(config)
+
+    monkeypatch.setattr(train.data, "build", slow_build)
+    result = train.run(tiny.config(), tmp_path / "run", show_progress=True, devices=tiny.one_device())
+    assert 0 < result.train_seconds and result.wall_seconds >= result.train_seconds + 1.0
+    # stderr is not a terminal here: plain lines, the last one printed when the steps ended
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    match = re.search(rf"{tiny.STEPS} steps in (\d+) s of training \(compiling excluded\)(,|$)", last)
+    assert match, last
+    assert abs(int(match.group(1)) - result.train_seconds) <= 0.6  # rounded to whole seconds
 
 
 def _final_params(run_dir):

@@ -1,0 +1,115 @@
+"""The trainer's command line: ``python -m scaling.train`` and ``depth-width-train``.
+
+It reads the arguments and the config before anything heavy is imported:
+JAX and the trainer (``scaling.train``) come in only to train, so ``--help``
+and bad input answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+
+from scaling import cli
+from scaling.config import DataConfig, ModelConfig, TrainConfig, from_dict, override
+from scaling.storage import StorageAccessError, check_access, is_remote
+
+PRESETS = {
+    # L=2, d=64 on the built-in corpus: ~300 steps in well under 2 minutes on 2 CPU cores.
+    "tiny": TrainConfig(
+        model=ModelConfig(depth=2, width=64, head_dim=16, max_seq_len=128),
+        data=DataConfig(source="builtin", seq_len=128),
+        steps=300, batch_size=16, eval_every=100, eval_batches=8, checkpoint_every=50, log_every=10,
+        name="tiny"),
+}
+
+
+def load_config(preset_or_file: str) -> TrainConfig:
+    """A ``TrainConfig`` from a preset name, a ``config.json`` or a Python file defining ``config()``."""
+    from etils import epath
+
+    if preset_or_file in PRESETS:
+        return PRESETS[preset_or_file]
+    path = epath.Path(preset_or_file)
+    if not path.exists():
+        raise ValueError(f"--config {preset_or_file!r}: not a preset ({', '.join(PRESETS)}) and no such file")
+    if path.suffix == ".json":
+        return from_dict(TrainConfig, json.loads(path.read_text()))
+    if path.suffix == ".py":
+        namespace = runpy.run_path(str(path))
+        if "config" not in namespace:
+            raise ValueError(f"--config {preset_or_file}: a Python config file must define config() -> TrainConfig")
+        return namespace["config"]()
+    raise ValueError(f"--config {preset_or_file}: expected a preset, a .json or a .py file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The trainer's argument parser; its ``prog`` is the command as typed (``cli.prog``)."""
+    prog = cli.prog("python -m scaling.train")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
+                    "latest checkpoint, or does nothing if the run already finished.",
+        epilog=f"Example: {prog} --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")
+    parser.add_argument("--config", required=True,
+                        help=f"a preset ({', '.join(PRESETS)}), a run's config.json, or a .py file defining config()")
+    parser.add_argument("--workdir", required=True, help="run directory (local path or gs:// URI)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. model.depth=4 or optim.lr_rule=mup (repeatable)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--coordinator", help="multi-process start-up: coordinator host:port (on a pod, use "
+                                              "the sweep command's run --pod-wide, which finds it)")
+    parser.add_argument("--num-processes", type=int, help="with --coordinator: total number of processes")
+    parser.add_argument("--process-id", type=int, help="with --coordinator: this process's index")
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the command line; returns the exit status (2 for unusable input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        check_access(args.workdir, args.config)  # one line now, not a minute of client retries later
+        config = override(load_config(args.config), args.overrides)
+        check_access(config.data.cache_dir)
+    except (StorageAccessError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not is_remote(args.workdir) and os.path.isfile(os.path.expanduser(args.workdir)):
+        print(f"error: --workdir {args.workdir}: is a file, not a directory", file=sys.stderr)
+        return 2
+    from scaling.cpu_allocator import tune_cpu_allocator
+
+    tune_cpu_allocator()  # before JAX starts its CPU backend
+    from scaling import mesh as mesh_lib
+    from scaling.checkpoints import exit_now_if_abandoned
+
+    mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    return exit_now_if_abandoned(_run_command(config, args))
+
+
+def _run_command(config: TrainConfig, args) -> int:
+    import jax
+
+    from scaling import lease as lease_lib, records, rundir, train
+    from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted
+
+    try:
+        result = train.run(config, args.workdir, show_progress=not args.no_progress)
+    except Preempted as stop:
+        print(str(stop), file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
+    except (rundir.ConfigMismatch, lease_lib.RunBusy, LeaseLost, records.OutdatedRecord) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - the traceback is in the run's error.log
+        where = rundir.absolute_path(args.workdir) / "error.log"
+        print(f"error: run failed: {rundir.one_line(error)} (traceback in {where})", file=sys.stderr)
+        return 1
+    if jax.process_index() == 0:
+        # wall_seconds: the whole run; train_seconds: its steps alone, compiling excluded (records.RunRecord)
+        print(json.dumps({k: getattr(result, k) for k in ("status", "name", "final_eval_loss", "steps", "tokens",
+                                                          "train_seconds", "wall_seconds")}))
+    return 0 if result.status == "finished" else 1
