@@ -32,7 +32,8 @@ Guarantees:
 The command line tunes glibc's allocator for XLA:CPU (``cpu_allocator.py``)
 before JAX starts; importing this module changes nothing process-wide.
 
-Command line: ``python -m scaling.train --help``.
+Command line: ``python -m scaling.train --help``; ``eval`` and ``sample`` use a trained run
+(``scaling.evaluate``, ``scaling.generate``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -455,12 +457,23 @@ def load_config(preset_or_file: str) -> TrainConfig:
     raise ValueError(f"--config {preset_or_file}: expected a preset, a .json or a .py file")
 
 
+# Commands that use a trained run instead of training one: the first argument names them.
+USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate"}
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in USE_COMMANDS:
+        command = importlib.import_module(USE_COMMANDS[argv[0]])
+        return command.main(argv[1:], prog=f"{cli.prog('python -m scaling.train')} {argv[0]}")
     parser = argparse.ArgumentParser(
         prog=cli.prog("python -m scaling.train"),
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
-                    "latest checkpoint, or does nothing if the run already finished.",
-        epilog="Example: python -m scaling.train --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")
+                    "latest checkpoint, or does nothing if the run already finished. With `eval RUN_DIR` or "
+                    "`sample RUN_DIR` first, use a trained run instead (see `eval --help`, `sample --help`).",
+        epilog="Examples: python -m scaling.train --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3; "
+               "python -m scaling.train eval runs/tiny --data validation; "
+               "python -m scaling.train sample runs/tiny --prompt 'The ' --greedy")
     parser.add_argument("--config", required=True,
                         help=f"a preset ({', '.join(PRESETS)}), a run's config.json, or a .py file defining config()")
     parser.add_argument("--workdir", required=True, help="run directory (local path or gs:// URI)")
