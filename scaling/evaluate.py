@@ -11,9 +11,10 @@ compiled eval step, ``scaling.program``) on one of:
   split is the trainer's fixed validation set, so with the run's own config
   and its ``eval_batches`` (the default ``--batches``) the loss is the
   run's final eval loss. ``train`` reads the run's first training batches.
-- ``--data FILE [FILE ...]``: text files, local or ``gs://`` (``.txt``:
-  the whole file is one document; ``.jsonl``/``.json``: one document per
-  line, its ``--text-field``; ``.parquet``: that column). Every document is
+- ``--data FILE [FILE ...]``: text files, local or ``gs://`` (``.jsonl``/
+  ``.json``: one document per line, its ``--text-field``; ``.parquet``: that
+  column; any other file, ``.txt``, ``.md`` or none, is plain UTF-8 text and
+  one document). Every document is
   followed by the end-of-document token, as in training, and the stream is
   cut into windows of ``data.seq_len + 1`` tokens at a stride of
   ``seq_len`` (the last one shorter, its missing positions weighing 0), so
@@ -39,24 +40,27 @@ from scaling import cli
 from scaling.config import CLASSIFICATION_SOURCES
 
 DATA_SPLITS = ("validation", "train")
-TEXT_SUFFIXES = (".txt", ".text", ".jsonl", ".json", ".parquet")
+RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")  # one document per row; any other file is plain text
 
 
 def read_documents(path, text_field: str = "text") -> list[str]:
-    """The documents of one text file (local or URI): a ``.txt`` file is one document; ``.jsonl`` lines and
-    ``.parquet`` rows give one document each, from ``text_field``. Empty documents are dropped."""
+    """The documents of one file (local or URI): ``.jsonl`` lines and ``.parquet`` rows give one document
+    each, from ``text_field``; any other file is UTF-8 text, one document. Empty documents are dropped."""
     import io
 
     from etils import epath
 
     path = epath.Path(path)
     suffix = path.suffix.lower()
-    if suffix not in TEXT_SUFFIXES:
-        raise ValueError(f"--data {path}: expected a {', '.join(TEXT_SUFFIXES)} file, or one of {DATA_SPLITS}")
     if not path.exists():
-        raise ValueError(f"--data {path}: no such file")
-    if suffix in (".txt", ".text"):
-        return [text for text in [path.read_text()] if text]
+        raise ValueError(f"--data {path}: no such file (give text files, or one of {', '.join(DATA_SPLITS)})")
+    if path.is_dir():
+        raise ValueError(f"--data {path}: is a directory; give text files")
+    if suffix not in RECORD_SUFFIXES:
+        try:
+            return [text for text in [path.read_text()] if text]
+        except UnicodeDecodeError:
+            raise ValueError(f"--data {path}: not UTF-8 text") from None
     if suffix == ".parquet":
         import pandas as pd
 
@@ -183,8 +187,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
     result.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (local or gs://) holding config.json "
                         "and checkpoints/")
     result.add_argument("--data", nargs="+", default=["validation"], metavar="SPLIT_OR_FILE",
-                        help="validation (default) or train: a split of the run's data config; or text files "
-                             "(.txt, .jsonl, .parquet; local or gs://)")
+                        help="validation (default) or train: a split of the run's data config; or files, local "
+                             "or gs:// (.jsonl and .parquet: a document per row; any other: plain text)")
     result.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="change the run's data config, batch or mesh before reading, e.g. "
                              "data.source=local, data.paths=a.txt, data.seq_len=64, mesh.fsdp=2 (repeatable)")

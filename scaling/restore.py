@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import sys
@@ -177,15 +178,30 @@ def _checkpoint_steps(directory: epath.Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def _quiet_absl():
-    # Orbax logs a warning for every read-only manager ("setting save_interval_steps=0"); nothing to act on.
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+def _quiet_orbax():
+    """Silence what reading checkpoints prints that asks nothing of the user: orbax's warning for every
+    read-only manager ("setting save_interval_steps=0"), and, after a damaged checkpoint, the tracebacks
+    of its abandoned read tasks failing on closed event loops (collected here, while still silenced), which
+    would bury the one-line warning (as ``scaling.checkpoints`` does while training)."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        message = str(unraisable.exc_value)
+        if not ("Event loop is closed" in message or "error while reading array" in message):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
     try:
         yield
     finally:
-        logger.setLevel(level)
+        gc.collect()
+        sys.unraisablehook = previous
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _restore_newest(directory: epath.Path, steps: list[int], program: Program) -> tuple[int, dict]:
@@ -195,7 +211,7 @@ def _restore_newest(directory: epath.Path, steps: list[int], program: Program) -
     restore = ocp.args.PyTreeRestore(item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
                                      partial_restore=True)
     errors = []
-    with _quiet_absl():
+    with _quiet_orbax():
         manager = ocp.CheckpointManager(directory, item_names=("state", "meta"),
                                         options=ocp.CheckpointManagerOptions(read_only=True, create=False))
         try:

@@ -469,11 +469,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog=cli.prog("python -m scaling.train"),
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
-                    "latest checkpoint, or does nothing if the run already finished. With `eval RUN_DIR` or "
-                    "`sample RUN_DIR` first, use a trained run instead (see `eval --help`, `sample --help`).",
-        epilog="Examples: python -m scaling.train --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3; "
-               "python -m scaling.train eval runs/tiny --data validation; "
-               "python -m scaling.train sample runs/tiny --prompt 'The ' --greedy")
+                    "latest checkpoint, or does nothing if the run already finished. `eval RUN_DIR` and "
+                    "`sample RUN_DIR` use a trained run instead (see `eval --help`, `sample --help`).",
+        epilog="Example: python -m scaling.train --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")
     parser.add_argument("--config", required=True,
                         help=f"a preset ({', '.join(PRESETS)}), a run's config.json, or a .py file defining config()")
     parser.add_argument("--workdir", required=True, help="run directory (local path or gs:// URI)")

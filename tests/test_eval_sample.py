@@ -119,7 +119,7 @@ def test_text_windows_predict_every_token_after_the_first_once():
 
 def test_eval_batches_limits_a_file(reference, tmp_path):
     _, _, run = reference
-    text_file = tmp_path / "long.txt"
+    text_file = tmp_path / "LONG"  # any file but .jsonl, .json or .parquet is plain text
     text_file.write_text(TEXT * 10)
     size = len(TEXT.encode()) * 10  # bytes; with the end-of-document token as many targets
     every = evaluate.evaluate_run(run, [str(text_file)])
@@ -204,7 +204,7 @@ def test_decode_shows_an_end_of_document_token_as_a_blank_line(reference):
     (["sample", "RUN", "--top-k", "0"], "must be 1 or more"),
     (["eval", "RUN", "--set", "model.depth=3"], "only data.*, mesh.*"),
     (["eval", "RUN", "--data", "validation", "notes.txt"], "stand alone"),
-    (["eval", "RUN", "--data", "notes.csv"], "expected a .txt"),
+    (["eval", "RUN", "--data", "missing.md"], "missing.md: no such file"),
 ])
 def test_bad_options_give_one_line(reference, capsys, argv, message):
     run_dir, _, _ = reference
