@@ -1,7 +1,9 @@
 """Analysis of depth-vs-width sweeps: records -> transitions -> fit -> projections, tables, plots.
 
 Reads run records only: from the project it imports just ``scaling.records``
-(the run record's single definition, JAX-free), never the trainer or ``sweeps``.
+(the run record's single definition), ``scaling.metrics_log`` (a run's logged
+losses) and ``scaling.storage`` (finding files), all JAX-free; never the
+trainer or ``sweeps``.
 
 * ``results``    sweep directory, records or CSV -> one table, each run once
 * ``points``     one learning rate per shape; seed means and pooled noise
@@ -13,6 +15,7 @@ Reads run records only: from the project it imports just ``scaling.records``
 * ``theory``     separation-rank bounds, L_th = log₃ d
 * ``shapes``     N = 12·L·d² and its inverse d = sqrt(N / (12·L))
 * ``plots``      Figs. 2-4 (matplotlib, Agg backend)
+* ``curves``     train and eval loss against step and tokens, per run (metrics logs)
 * ``synthetic``  loss curves with planted transitions, for tests and demos
 
 The names below are importable from ``analysis`` directly; each submodule is

@@ -6,6 +6,7 @@
     python -m analysis fit runs/my_sweep --save my_fit.json
     python -m analysis optimal --params 1.3B --fit my_fit.json
     python -m analysis plot runs/my_sweep --out figures/
+    python -m analysis curves runs/my_sweep --out figures/curves --by width
     python -m analysis log-length results/log_length --figure accuracy.png
     python -m analysis synthetic --out sweep.csv
 
@@ -27,7 +28,6 @@ import re
 import sys
 
 import numpy as np
-import tabulate
 
 from analysis import projection
 from analysis.errors import AnalysisInputError
@@ -277,6 +277,30 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_curves(args) -> int:
+    from etils import epath
+
+    from analysis import curves  # matplotlib only when drawing
+
+    out = epath.Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise AnalysisInputError(f"--out {args.out}: is a file; give a directory for the figures")
+    runs, notes = curves.load_curves(args.source)
+    name = epath.Path(str(args.source).rstrip("/")).name or str(args.source)
+    paths = curves.write_curves(runs, args.out, by=args.by, source=name, log=args.log)
+    if args.json:
+        _print_json({"runs": [run.path for run in runs], "figures": [str(p) for p in paths], "notes": notes})
+        return 0
+    print(f"read {len(runs)} runs from {args.source}: depths {sorted({r.depth for r in runs})}, "
+          f"widths {sorted({r.width for r in runs})}")
+    for note in notes:
+        print(note)
+    print(f"wrote {len(paths)} files to {args.out} (one figure per {args.by}, PNG and PDF):")
+    for path in paths:
+        print(f"  {path}")
+    return 0
+
+
 def cmd_synthetic(args) -> int:
     from etils import epath
 
@@ -405,6 +429,20 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--fit", default="levine2020", help="fit drawn when the sweep gives none of its own")
     plot.add_argument("--preset", default="gpt3", help="budgets marked on the projection figure ('' for none)")
     plot.set_defaults(run=cmd_plot)
+
+    curves = commands.add_parser(
+        "curves", help="train and eval loss against step and tokens for each run (from metrics.jsonl)",
+        description="Loss curves of a run or of every run under a directory (local or gs://): train loss "
+                    "(solid) and eval loss (dashed, markers) in nats per token against the optimizer step and "
+                    "against training tokens, one figure per depth or per width (analysis/curves.py).")
+    curves.add_argument("source", help="a run directory (holding config.json and metrics.jsonl) or a folder "
+                                       "of runs, e.g. runs/smoke")
+    curves.add_argument("--out", required=True, help="directory for the PNG and PDF files (made if missing)")
+    curves.add_argument("--by", default="depth", choices=("depth", "width"),
+                        help="one figure per depth, runs coloured by width (default), or per width")
+    curves.add_argument("--log", action="store_true", help="logarithmic axes (leaves out the evaluation at step 0)")
+    curves.add_argument("--json", action="store_true", help="print the runs read and the files written as JSON")
+    curves.set_defaults(run=cmd_curves)
 
     synthetic = commands.add_parser(
         "synthetic", help="write a synthetic sweep (CSV) whose transitions are planted at a fit's a and b",

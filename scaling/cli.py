@@ -1,5 +1,5 @@
 """Helpers the command-line tools share: the name a tool was started under, an
-argument parser whose errors are one line, and number cells for text tables."""
+argument parser whose errors are one line, an option type, and number cells for text tables."""
 
 import argparse
 import math
@@ -30,6 +30,17 @@ class ParagraphHelpFormatter(argparse.HelpFormatter):
     def _fill_text(self, text, width, indent):
         return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent) if line
                          else "" for line in text.splitlines())
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
 
 
 def fmt(value, spec: str, missing: str = "-") -> str:

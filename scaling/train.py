@@ -32,7 +32,8 @@ Guarantees:
 The command line tunes glibc's allocator for XLA:CPU (``cpu_allocator.py``)
 before JAX starts; importing this module changes nothing process-wide.
 
-Command line: ``python -m scaling.train --help`` (``train_cli.py``).
+Command line: ``python -m scaling.train --help`` (``train_cli.py``); ``eval`` and ``sample`` use a
+trained run (``scaling.evaluate``, ``scaling.generate``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ and bad input answer at once.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import runpy
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
-                    "latest checkpoint, or does nothing if the run already finished.",
+                    "latest checkpoint, or does nothing if the run already finished. 'eval RUN_DIR' and "
+                    "'sample RUN_DIR' use a trained run instead (see 'eval --help', 'sample --help').",
         epilog=f"Example: {prog} --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")
     parser.add_argument("--config", required=True,
                         help=f"a preset ({', '.join(PRESETS)}), a run's config.json, or a .py file defining config()")
@@ -67,8 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that use a trained run, each a module of its own with a ``main(argv, prog)``.
+USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate"}
+
+
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (2 for unusable input)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in USE_COMMANDS:
+        command = importlib.import_module(USE_COMMANDS[argv[0]])
+        return command.main(argv[1:], prog=f"{cli.prog('python -m scaling.train')} {argv[0]}")
     args = build_parser().parse_args(argv)
     try:
         check_access(args.workdir, args.config)  # one line now, not a minute of client retries later
