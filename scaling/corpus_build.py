@@ -1,7 +1,7 @@
 """A larger offline English corpus, built from Debian documentation packages (or any folder of text).
 
-    apt-get install python3.11-doc linux-doc-6.1 maxima-doc octave-doc postgresql-doc-15 \\
-        perl-doc debian-reference-en bash-doc dict-gcide
+    apt-get install python3.11-doc linux-doc-6.1 maxima-doc octave-doc postgresql-doc-15 perl-doc \\
+        debian-reference-en bash-doc python-django-doc sqlite3-doc git-doc dict-foldoc dict-gcide dict-wn
     python -m scaling.corpus build --out ~/.cache/scaling-data/debian-docs-prose \\
         --fingerprint results/gpu_depth/corpus_fingerprint.json
 

@@ -60,6 +60,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_SIZES_FILE = REPO / "results" / "gpu_depth" / "stage2_sizes.json"
 H100_BF16_PEAK = 989e12  # FLOP/s, dense bfloat16, SXM; for MFU and dry-run's time
 EXPECTED_MFU = (0.05, 0.10)  # pessimistic for models this small (widths 64 to 416)
+TOKENS_PER_PARAM = 20.0  # training tokens per non-embedding parameter (10 if stage 1 is too slow: see README)
 SCOUT_LOSS_STD = 0.007  # nats per token: seed noise at this scale (0.006 to 0.008), for the one-seed scout
 
 
@@ -117,7 +118,7 @@ def full_design() -> Design:
     depths = (3, 6, 9, 12)
     return Design(name="gpu_depth", depths=depths, centres={d: _transition_params(d) for d in depths[:-1]},
                   scout_factors=(1 / 3, 2 / 3, 4 / 3, 8 / 3), confirm_sizes=5, confirm_ratio=math.sqrt(2.0),
-                  confirm_seeds=(1, 2, 3, 4), tokens_per_param=20.0, multiple_of=16, base=base)
+                  confirm_seeds=(1, 2, 3, 4), tokens_per_param=TOKENS_PER_PARAM, multiple_of=16, base=base)
 
 
 def micro_design() -> Design:
