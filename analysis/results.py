@@ -17,6 +17,10 @@ gcsfs, part of the ``tpu`` extra):
 
 Runs trained on different data or for different numbers of steps are never
 mixed: loading refuses unless one is chosen (``fingerprint=``, ``steps=``).
+One exception: a ladder whose training length grows with size, every run
+planned for the same tokens per parameter (each run's planned steps within one
+step of ratio × N / tokens per step), is one design and is kept
+whole (``RunTable.tokens_per_param``).
 Learning rates may differ; ``analysis.points`` chooses one per shape.
 
 Throughout, ``params`` is the non-embedding size N = 12·L·d² (parameters;
@@ -41,9 +45,10 @@ from scaling import records as run_records
 
 CSV_COLUMNS = ("depth", "width", "params", "seed", "loss")
 # Optional CSV columns and the value a missing one stands for.
-CSV_OPTIONAL = {"peak_lr": math.nan, "steps": math.nan, "lr_rule": "", "data_fingerprint": ""}
+CSV_OPTIONAL = {"peak_lr": math.nan, "steps": math.nan, "lr_rule": "", "data_fingerprint": "",
+                "tokens_per_step": math.nan}
 # One row per finished run: what was trained, with what, and the result.
-RUN_COLUMNS = CSV_COLUMNS + ("peak_lr", "lr_rule", "steps", "data", "point", "run_id", "name")
+RUN_COLUMNS = CSV_COLUMNS + ("peak_lr", "lr_rule", "steps", "data", "point", "run_id", "name", "tokens_per_step")
 # A CSV's params column may carry rounding; anything further off is not 12·L·d².
 _PARAMS_TOLERANCE = 0.01
 
@@ -56,6 +61,9 @@ class RunTable:
     (parameters), loss in nats per token, ``peak_lr`` (NaN if unknown),
     ``steps`` (planned optimiser steps, NaN if unknown), ``data`` (data
     fingerprint), ``point`` (identical for runs that differ only by seed).
+    ``tokens_per_step`` (NaN if unknown). ``tokens_per_param`` is the planned
+    training tokens per parameter the runs share when their step counts differ
+    only because of it (None otherwise).
     ``skipped`` counts left-out records by reason; ``unfinished`` lists runs
     that did not finish (depth, width, seed, status, name); ``notes`` holds
     one-line messages about what loading changed (duplicates collapsed...).
@@ -68,6 +76,7 @@ class RunTable:
     steps: int | None = None
     unfinished: pd.DataFrame | None = None
     notes: tuple = ()
+    tokens_per_param: float | None = None
 
     def describe(self) -> str:
         """One line: how many runs, depths and seeds were loaded, and what was skipped."""
@@ -177,7 +186,8 @@ def _rows_from_records(parsed, root: str):
                      "seed": record.seed, "loss": record.final_eval_loss, "peak_lr": float(record.peak_lr),
                      "lr_rule": record.lr_rule, "steps": float(record.planned_steps),
                      "data": record.data_fingerprint or "unknown", "point": record.point_id,
-                     "run_id": record.run_id, "name": name})
+                     "run_id": record.run_id, "name": name,
+                     "tokens_per_step": float(record.tokens_per_step) if record.tokens_per_step else math.nan})
     if not rows:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
         raise AnalysisInputError(f"{root}: no finished runs among {len(parsed)} records ({reasons})")
@@ -215,7 +225,7 @@ def _load_csv(file: epath.Path, path: str) -> pd.DataFrame:
         if column not in frame.columns:
             frame[column] = default
     frame["line"] = np.arange(len(frame)) + 2  # +1 header, +1 one-based
-    for column in CSV_COLUMNS + ("peak_lr", "steps"):
+    for column in CSV_COLUMNS + ("peak_lr", "steps", "tokens_per_step"):
         values = pd.to_numeric(frame[column], errors="coerce")
         bad = values.isna() & frame[column].notna()
         if bad.any():
@@ -298,14 +308,37 @@ def select(frame: pd.DataFrame, source: str, fingerprint, steps, skipped, unfini
     frame, chosen_print = _choose(frame, "data", fingerprint, source, skipped, "other data_fingerprint",
                                   "trained on different data (fingerprints {counts}); pick one with --fingerprint",
                                   prefix=True)
-    frame, chosen_steps = _choose(frame, "steps", steps, source, skipped, "other step count",
-                                  "trained for different numbers of steps ({counts}); pick one with --steps")
+    per_param = _tokens_per_param(frame) if steps is None and frame["steps"].nunique(dropna=False) > 1 else None
+    if per_param is None:
+        frame, chosen_steps = _choose(frame, "steps", steps, source, skipped, "other step count",
+                                      "trained for different numbers of steps ({counts}); pick one with --steps")
+    else:
+        chosen_steps = None
+        notes.append(f"{source}: every run planned for {per_param:.3g} training tokens per parameter, so step "
+                     f"counts grow with size ({frame['steps'].min():.0f} to {frame['steps'].max():.0f}); "
+                     "analysed as one design")
     _refuse_hidden_differences(frame, source)
     runs = frame[list(RUN_COLUMNS)].sort_values(["depth", "params", "peak_lr", "seed"]).reset_index(drop=True)
     return RunTable(runs=runs, source=source, skipped=dict(skipped),
                     fingerprint=None if chosen_print in (None, "unknown") else chosen_print,
                     steps=None if chosen_steps is None or math.isnan(chosen_steps) else int(chosen_steps),
-                    unfinished=unfinished, notes=tuple(notes))
+                    unfinished=unfinished, notes=tuple(notes), tokens_per_param=per_param)
+
+
+def _tokens_per_param(frame: pd.DataFrame) -> float | None:
+    """The planned training tokens per parameter that every run shares: a ratio r with every run's
+    planned steps within one step of r·N / tokens per step (rounded either way); else None.
+
+    Each run allows r in [(steps - 1), (steps + 1)] × tokens per step / N; the runs share one when these
+    intervals overlap, and the middle of the overlap is returned (the longest runs pin it down)."""
+    steps = frame["steps"].to_numpy(float)
+    per_step = frame["tokens_per_step"].to_numpy(float)
+    params = frame["params"].to_numpy(float)
+    if not (np.isfinite(steps).all() and np.isfinite(per_step).all() and (per_step > 0).all()):
+        return None
+    low = float(np.max((steps - 1) * per_step / params))
+    high = float(np.min((steps + 1) * per_step / params))
+    return 0.5 * (low + high) if low <= high else None
 
 
 def _choose(frame, column, wanted, source, skipped, skip_reason, refusal, prefix=False):

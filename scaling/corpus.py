@@ -27,6 +27,9 @@ Where it comes from
         dpkg-deb -x python3.11-doc_*.deb /tmp/pydoc
         python -m scaling.corpus /tmp/pydoc/usr/share/doc/python3.11/html/_sources
 
+``python -m scaling.corpus build`` (``scaling.corpus_build``) builds a larger
+corpus, about 100 MB, from installed Debian documentation packages.
+
 This module also reads the documents of the other text sources (Hugging
 Face hub datasets, local files) and splits any text corpus into train and
 validation documents; tokenizing and batching are ``scaling.data``'s job.
@@ -366,10 +369,21 @@ def build_corpus_file(sources_dir: pathlib.Path, out_path: pathlib.Path = CORPUS
 
 
 def main(argv=None) -> None:
+    """``python -m scaling.corpus SOURCES_DIR`` rebuilds the built-in corpus file;
+    ``python -m scaling.corpus build ...`` builds a larger corpus (``scaling.corpus_build``)."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["build"]:
+        from scaling import corpus_build
+
+        corpus_build.main(argv[1:])
+        return
     parser = argparse.ArgumentParser(
         prog="python -m scaling.corpus",
         description="Rebuild the built-in corpus file from the Python docs' reStructuredText sources "
-                    "(see this module's docstring for where to get them).")
+                    "(see this module's docstring for where to get them). `python -m scaling.corpus build "
+                    "--help`: build a larger corpus from Debian documentation packages or folders of text.")
     parser.add_argument("sources_dir", type=pathlib.Path,
                         help="the html/_sources folder of the python3.11-doc package")
     parser.add_argument("--out", type=pathlib.Path, default=CORPUS_FILE, help="output .jsonl.xz path")

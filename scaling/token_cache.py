@@ -402,8 +402,13 @@ def _damaged_shards(directory: epath.Path, metadata: dict) -> list[str]:
 
 
 def build_cache(config: DataConfig, directory=None, documents_per_shard: int = DEFAULT_SHARD_DOCUMENTS,
-                show_progress: bool = False) -> epath.Path:
+                show_progress: bool = False, texts: list[str] | None = None) -> epath.Path:
     """Tokenise ``config``'s text corpus into a cache in ``directory`` and return the directory.
+
+    ``texts``: the corpus' documents, in source order, when the caller already holds
+    them (``scaling.corpus_build`` has just written them to the file ``config`` names);
+    they must be what reading ``config``'s source gives, since the metadata describes
+    that source. Without it, the source is read.
 
     ``directory`` defaults to ``default_cache_dir() / "tokens-<fingerprint[:32]>"``.
     Resumes an interrupted build of the same data; on a finished cache, checks
@@ -416,7 +421,10 @@ def build_cache(config: DataConfig, directory=None, documents_per_shard: int = D
         raise ValueError(f"documents_per_shard={documents_per_shard} must be >= 1")
     from tqdm import tqdm
 
-    texts = corpus.load_documents(config, show_progress=show_progress)
+    if texts is None:
+        texts = corpus.load_documents(config, show_progress=show_progress)
+    elif len(texts) < 2:
+        raise ValueError(f"texts: {len(texts)} documents given; need at least 2")
     train, validation = corpus.split_documents(texts, config.validation_fraction)
     del texts
     text_hash = corpus.corpus_hash(train, validation)

@@ -147,17 +147,27 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     flops = sum(s.spec.flops for s in todo)
     measured = _throughput(read_states(runs, args.workdir))
     base = sweep.base
-    speed, how = ((measured, "the speed this sweep's finished runs reached in wall time (compiling and "
-                             "evaluation included)") if measured else
-                  (GUESSED_UTILISATION * base.peak_flops,
-                   f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess; compilation "
-                   "and evaluation add to this"))
+    # The slow end of the range is the estimate; the sweep's own expected MFU gives a fast end too.
+    fast = None
+    if measured:
+        speed, how = measured, ("the speed this sweep's finished runs reached in wall time (compiling and "
+                                "evaluation included)")
+    elif sweep.expected_mfu:
+        low, high = sweep.expected_mfu
+        speed, fast = low * base.peak_flops, high * base.peak_flops
+        how = (f"{high:.0%}–{low:.0%} model FLOP utilisation of peak_flops={base.peak_flops:.3g} FLOP/s "
+               "(the sweep's expected_mfu); compilation and evaluation add to this")
+    else:
+        speed, how = (GUESSED_UTILISATION * base.peak_flops,
+                      f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess; compilation "
+                      "and evaluation add to this")
     if args.json:
         rows = [{**s.to_dict(), "action": actions.get(s.status, f"resume from step {s.checkpoint_step}"),
                  "flops": s.spec.flops} for s in states]
+        extra = {"device_hours_range": [flops / fast / 3600, flops / speed / 3600]} if fast else {}
         print(json.dumps({"sweep": sweep.name, "share": which, "runs": rows, "to_train": len(todo),
                           "tokens": sum(s.spec.tokens for s in todo), "flops": flops,
-                          "device_hours": flops / speed / 3600, "speed_flops_per_second": speed,
+                          "device_hours": flops / speed / 3600, "speed_flops_per_second": speed, **extra,
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"dry run of sweep {sweep.name}: {which}")
@@ -169,8 +179,10 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     tally = collections.Counter(s.status for s in states)
     print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
           f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
+    duration = (f"{flops / speed / 3600:.3g} device-hours" if not fast else
+                f"{flops / fast / 60:.0f}–{flops / speed / 60:.0f} device-minutes")
     print(f"cost: {sum(s.spec.tokens for s in todo):.3g} training tokens, ≈{flops:.2g} FLOPs "
-          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {flops / speed / 3600:.3g} device-hours at {how}")
+          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {duration} at {how}")
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0

@@ -196,6 +196,13 @@ class Sweep:
       ``base.model.head_dim`` so every width splits into whole heads.
     - ``variants``: optional ``Variant``s (tasks, arms), each crossed with
       every shape and learning rate; a run per variant per seed.
+    - ``tokens_per_param``: optional training tokens per non-embedding
+      parameter; each run then trains round(tokens_per_param·12·L·d² /
+      (batch_size·seq_len)) steps (at least 1) instead of ``base.steps``, so
+      a size's training length grows with it, as in a compute-optimal ladder.
+    - ``expected_mfu``: optional (low, high) model FLOP utilisation, as fractions
+      of ``base.peak_flops``, that ``dry-run`` quotes its time at (both ends)
+      before any run of the sweep has finished, instead of the launcher's guess.
     Validated on construction: a bad sweep fails before anything runs.
     """
 
@@ -209,6 +216,8 @@ class Sweep:
     multiple_of: int = 64
     peak_lr_by_depth: dict | None = None
     variants: tuple[Variant, ...] = ()
+    tokens_per_param: float | None = None
+    expected_mfu: tuple[float, float] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -252,6 +261,17 @@ class Sweep:
             raise ValueError("variants is invalid: allowed a sequence of sweeps.spec.Variant")
         if len({v.tag for v in self.variants}) != len(self.variants):
             raise ValueError(f"variants: tags {[v.tag for v in self.variants]} must be distinct")
+        if self.tokens_per_param is not None:
+            if not (isinstance(self.tokens_per_param, (int, float)) and math.isfinite(self.tokens_per_param)
+                    and self.tokens_per_param > 0):
+                raise ValueError(f"tokens_per_param={self.tokens_per_param!r} is invalid: allowed a positive number")
+            set_("tokens_per_param", float(self.tokens_per_param))
+        if self.expected_mfu is not None:
+            mfu = tuple(self.expected_mfu) if isinstance(self.expected_mfu, (tuple, list)) else ()
+            if not (len(mfu) == 2 and all(isinstance(v, (int, float)) for v in mfu) and 0 < mfu[0] <= mfu[1] <= 1):
+                raise ValueError(f"expected_mfu={self.expected_mfu!r} is invalid: allowed (low, high) with "
+                                 "0 < low <= high <= 1")
+            set_("expected_mfu", (float(mfu[0]), float(mfu[1])))
         self.expand()  # every run's config validates now, not when it is reached
 
     def _per_depth(self, mapping: dict, field: str, parse) -> dict:
@@ -302,11 +322,19 @@ class Sweep:
             if lr is None and self.peak_lr_by_depth:
                 lr = self.peak_lr_by_depth[depth]
             optim = base.optim if lr is None else dataclasses.replace(base.optim, peak_lr=lr)
+            steps = base.steps if self.tokens_per_param is None else self.steps_for(depth, width, base)
             config = dataclasses.replace(base, model=dataclasses.replace(base.model, depth=depth, width=width),
-                                         optim=optim, seed=seed, sweep_name=self.name, name=name)
+                                         optim=optim, seed=seed, sweep_name=self.name, name=name, steps=steps)
         except ValueError as error:
             raise ValueError(f"sweep {self.name}, run {name}: {error}") from None
         return RunSpec(name=name, run_id=config_id(config), config=config, budget=point_budget)
+
+    def steps_for(self, depth: int, width: int, base: TrainConfig | None = None) -> int:
+        """Optimiser steps of shape (depth, width) under ``tokens_per_param``: tokens_per_param·12·L·d²
+        tokens in steps of batch_size·seq_len tokens, rounded, at least 1."""
+        base = base or self.base
+        tokens = self.tokens_per_param * budget.non_embedding_params(depth, width)
+        return max(1, round(tokens / (base.batch_size * base.data.seq_len)))
 
     def to_dict(self) -> dict:
         """JSON-ready description: the base config, the grid, and the runs it gives."""
@@ -323,6 +351,10 @@ class Sweep:
                 "skipped": [skip._asdict() for skip in skipped]}
         if self.peak_lr_by_depth:  # only when used, so the descriptions of other sweeps stay as they were
             described["peak_lr_by_depth"] = {str(k): v for k, v in self.peak_lr_by_depth.items()}
+        if self.tokens_per_param is not None:  # likewise
+            described["tokens_per_param"] = self.tokens_per_param
+        if self.expected_mfu is not None:
+            described["expected_mfu"] = list(self.expected_mfu)
         return described
 
     def digest(self) -> str:
@@ -336,7 +368,8 @@ def with_overrides(sweep: Sweep, assignments: list[str]) -> Sweep:
         return sweep
     for assignment in assignments:
         key = assignment.split("=", 1)[0]
-        if key in GRID_FIELDS or (key == "optim.peak_lr" and (sweep.lr_grid or sweep.peak_lr_by_depth)):
+        if key in GRID_FIELDS or (key == "optim.peak_lr" and (sweep.lr_grid or sweep.peak_lr_by_depth)) or (
+                key == "steps" and sweep.tokens_per_param is not None):
             raise ValueError(f"--set {assignment}: {key} is set per run by the sweep grid; edit the sweep file")
     return dataclasses.replace(sweep, base=override(sweep.base, assignments))
 

@@ -1,5 +1,6 @@
 """Sweeps as they really are: several learning rates, copied run directories, repeated rows, outdated records."""
 
+import dataclasses
 import json
 import shutil
 
@@ -206,3 +207,33 @@ def test_launcher_summary_uses_the_analysis_and_counts_each_run_once():
     assert any(line.startswith("fit of log d = a + b·L, zero-crossing estimate: runs/demo") for line in lines)
     single = analysis_lines([s for s in states if s.record.get("seed") == 0], "runs/demo")
     assert single[-1] == "to assume a seed noise anyway: python -m analysis fit runs/demo --loss-std 0.02"
+
+
+def test_a_tokens_per_parameter_ladder_is_one_design(tmp_path):
+    """Steps that grow with size, every run planned for 20 tokens per parameter (to within one step), are
+    kept together; a run off that ratio, or records without tokens per step, are refused as before."""
+    per_step = 4096
+    runs = synthetic_runs(depths=(2, 4, 6), seeds=2, noise=0.003, rng=5)
+    for row in runs.itertuples():
+        params = 12 * row.depth * row.width ** 2
+        steps = max(1, round(20 * params / per_step))
+        rec = dataclasses.replace(record(row.depth, row.width, row.seed, row.loss, steps=steps),
+                                  tokens_per_step=per_step)
+        write(tmp_path / "ladder", rec)
+    table = load_runs(tmp_path / "ladder")
+    assert table.runs["steps"].nunique() > 4 and len(table.runs) == len(runs)
+    assert table.tokens_per_param == pytest.approx(20, rel=0.01) and table.steps is None
+    assert any("20 training tokens per parameter" in note for note in table.notes)
+    assert analyse(table, n_bootstrap=0).outcome is Outcome.FITTED
+
+    first = next((tmp_path / "ladder").iterdir())
+    data = json.loads((first / "result.json").read_text())
+    data["planned_steps"] = data["planned_steps"] + 3  # three steps off the ratio
+    (first / "result.json").write_text(json.dumps(data))
+    with pytest.raises(AnalysisInputError, match="different numbers of steps"):
+        load_runs(tmp_path / "ladder")
+    data["planned_steps"] -= 3
+    data["tokens_per_step"] = None  # unknown: the ratio cannot be checked
+    (first / "result.json").write_text(json.dumps(data))
+    with pytest.raises(AnalysisInputError, match="different numbers of steps"):
+        load_runs(tmp_path / "ladder")

@@ -1,6 +1,7 @@
 """Sweep specs: expansion, names and ids, variants, budgets, per-depth rates, shards and validation."""
 
 import dataclasses
+import json
 import random
 from pathlib import Path
 
@@ -192,3 +193,43 @@ def test_a_learning_rate_grid_per_depth():
     for bad in ({1: (1e-3,)}, {1: (1e-3,), 2: (0.0,)}):
         with pytest.raises(ValueError, match="lr_grid"):
             Sweep(name="bad", base=base, depths=(1, 2), widths={1: (16,), 2: (16,)}, lr_grid=bad, multiple_of=16)
+
+
+def test_tokens_per_param_sets_each_runs_steps():
+    base = write_sweep_text("depths=(1,), widths={1: (16,)}")().base  # batch × seq_len tokens per step
+    per_step = base.batch_size * base.data.seq_len
+    sweep = Sweep(name="ladder", base=base, depths=(1, 2), widths={1: (16, 32), 2: (16, 48)}, multiple_of=16,
+                  tokens_per_param=20)
+    runs, _ = sweep.expand()
+    for run in runs:
+        assert run.config.steps == max(1, round(20 * run.params / per_step))
+        assert run.tokens == pytest.approx(20 * run.params, abs=per_step / 2)
+    assert len({run.config.steps for run in runs}) == 4
+    assert sweep.to_dict()["tokens_per_param"] == 20.0
+    plain = Sweep(name="ladder", base=base, depths=(1, 2), widths={1: (16, 32), 2: (16, 48)}, multiple_of=16)
+    assert "tokens_per_param" not in plain.to_dict() and "expected_mfu" not in plain.to_dict()
+    assert {run.config.steps for run in plain.expand().runs} == {base.steps}
+    with pytest.raises(ValueError, match="steps"):
+        spec.with_overrides(sweep, ["steps=5"])
+    assert spec.with_overrides(plain, ["steps=5"]).base.steps == 5
+    for fields, match in ((dict(tokens_per_param=0), "tokens_per_param"), (dict(expected_mfu=(0.2, 0.1)),
+                          "expected_mfu"), (dict(expected_mfu=(0.0, 0.1)), "expected_mfu"),
+                          (dict(expected_mfu=0.1), "expected_mfu")):
+        with pytest.raises(ValueError, match=match):
+            Sweep(name="bad", base=base, depths=(1,), widths={1: (16,)}, multiple_of=16, **fields)
+
+
+def test_dry_run_quotes_the_sweeps_expected_mfu_before_any_run_finished(tmp_path, capsys):
+    plain = write_sweep(tmp_path, "plain", "depths=(1,), widths={1: (16, 32)}")
+    assert launch.main(["dry-run", str(plain), "--workdir", str(tmp_path)]) == 0
+    assert "device-hours at 30% of peak_flops" in capsys.readouterr().out
+    text = plain.read_text().replace("multiple_of=16", "multiple_of=16, expected_mfu=(0.05, 0.1)")
+    assert text != plain.read_text()
+    (tmp_path / "mfu.py").write_text(text)
+    assert launch.main(["dry-run", str(tmp_path / "mfu.py"), "--workdir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    seconds = report["flops"] / report["speed_flops_per_second"]
+    assert report["device_hours"] == pytest.approx(seconds / 3600)
+    peak = spec.load_sweep(tmp_path / "mfu.py").base.peak_flops
+    assert report["speed_flops_per_second"] == pytest.approx(0.05 * peak)  # the low end of the range
+    assert report["device_hours_range"] == pytest.approx([report["device_hours"] / 2, report["device_hours"]])
