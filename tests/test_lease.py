@@ -126,5 +126,7 @@ def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
         assert not list((run_dir / "checkpoints").glob("*tmp*"))
         assert not (run_dir / "lease.json").exists()
         assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1  # one training, one wandb run
-        trained_by = [out.count(f"{record.name}: finished, eval loss") for out in outputs]
+        # Count the trainer's end-of-steps line, not the launcher's result line: a launcher that takes the
+        # lease just after the other one finished the run is handed the finished record and reports it too.
+        trained_by = [out.count(f"{record.name}: {tiny.STEPS}/{tiny.STEPS} steps") for out in outputs]
         assert sum(trained_by) == 1, outputs  # the other launcher skipped it or found it finished
