@@ -346,9 +346,9 @@ def cmd_sky(sweep, args) -> int:
     if args.status or args.logs is not None or args.cancel:
         return cloud_jobs.act(sweep, args)
     accelerator, jobs = plan(sweep.name, args)
-    import_sky()  # before asking the bucket for its region: without SkyPilot, say what to install
     runs = selected_runs(sweep, args.only)
     note = None if args.check else check_shares(args.shares, accelerator, jobs[0].envs["MODE"], len(runs))
+    import_sky()  # before asking the bucket for its region: without SkyPilot, say what to install
     infra = resolve_infra(args.infra, args.workdir)  # last: it may ask Cloud Storage
     jobs = [dataclasses.replace(job, resources={**job.resources, "infra": infra}) for job in jobs]
     tasks = [build_task(job) for job in jobs]
