@@ -1,7 +1,8 @@
 """Launch a sweep's shares as SkyPilot managed jobs: ``python -m sweeps.launch sky``.
 
     python -m sweeps.launch sky SWEEP_FILE --workdir gs://BUCKET/sweeps --accelerator v5litepod-8 \\
-        --shares 4 [--spot] [--dry-run]
+        --shares 4 [--infra gcp/REGION] [--spot] [--dry-run] [--missing]
+    python -m sweeps.launch sky SWEEP_FILE --workdir gs://BUCKET/sweeps --status | --logs JOB | --cancel
 
 A sweep split into N shares is N managed jobs, ``<sweep>-<i>-of-<N>``, each
 running ``python -m sweeps.launch run SWEEP_FILE --workdir ... --shard i/N`` on
@@ -10,6 +11,22 @@ always splits). The jobs are built from the task files ``tpu/sweep.sky.yaml``
 (a TPU accelerator: ``v5litepod-8``, ``tpu-v6e-8``, ``v4-32``, ...) and
 ``gpu/sweep.sky.yaml`` (anything else: ``H100:8``, ``L4:4``), with SkyPilot's
 own parser; this module only fills in their ``envs`` and ``resources``.
+
+Where: every job is pinned to the bucket's region (``--infra gcp/REGION``,
+else the bucket's location as Cloud Storage reports it; a multi-region
+bucket needs ``--infra``), with the recovery strategy ``FAILOVER``, which
+relaunches in the region the job ran in; SkyPilot's default
+(``EAGER_NEXT_REGION``) would move a recovered job to another region, away
+from its checkpoints and token cache. What: every host installs with the
+lock file ``constraints.txt`` (``sweeps/lockfile.py``), so shares started at
+different times run the same jax, libtpu and orbax.
+
+Submitting is idempotent: the jobs of a sweep are recorded in
+``<workdir>/<sweep>/jobs.json`` (``sweeps/cloud_jobs.py``), a share whose job
+is still live in SkyPilot's queue is never submitted again, and
+``--missing`` resubmits the shares whose job ended with runs unfinished.
+``--status``, ``--logs`` and ``--cancel`` act on the recorded jobs only, by
+job id.
 
 What SkyPilot does from here (its controller runs in the cloud, so nothing
 needs to stay on on your machine): provision (queueing for capacity and
@@ -30,7 +47,8 @@ with a part of the share each; ``mesh`` one launcher over all of the GPUs.
 
 SkyPilot is the optional extra ``cloud`` (``pip install -e ".[cloud]"``); it is
 imported only here. Not run against a real cloud from this repository's
-tests: they parse the tasks with SkyPilot and stop before submitting.
+tests: they parse the tasks with SkyPilot and replace its client calls
+(``sky.jobs.launch``, ``queue_v2``, ``cancel``, ``tail_logs``) at the SDK boundary.
 """
 
 from __future__ import annotations
@@ -43,7 +61,8 @@ import shlex
 from pathlib import Path
 
 from scaling.storage import is_remote
-from sweeps import hosts
+from sweeps import hosts, lockfile
+from sweeps import spec as spec_lib
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_FILES = {"tpu": REPO / "tpu" / "sweep.sky.yaml", "gpu": REPO / "gpu" / "sweep.sky.yaml"}
@@ -55,6 +74,9 @@ DEFAULT_TPU_RUNTIME = "tpu-ubuntu2204-base"  # v2, v3, v4
 # Hosts of a v5e or v6e slice up to this many chips: one (v5litepod-8 is one host of 8 chips).
 _ONE_HOST_CHIPS = 8
 _TPU_PATTERN = re.compile(r"(?:tpu-)?(v\d+[a-z]*)-(\d+)")
+# SkyPilot's job_recovery strategy: relaunch in the region the job ran in (the default, EAGER_NEXT_REGION,
+# tears the slice down and tries every other allowed region first).
+RECOVERY_STRATEGY = "FAILOVER"
 
 
 class CloudError(ValueError):
@@ -97,6 +119,10 @@ class Job:
     envs: dict
     resources: dict
 
+    def work(self) -> tuple:
+        """What the job trains apart from its share: two live jobs with the same work and share are one too many."""
+        return tuple(self.envs.get(key, "") for key in ("SWEEP", "ARGS", "CACHE", "CHECK"))
+
     def launcher_commands(self, accelerator: Accelerator) -> list[str]:
         """The ``sweeps.launch run`` command(s) the task's ``run`` starts: one per host, or per GPU.
 
@@ -131,7 +157,13 @@ def job_stem(sweep_name: str, prefix: str | None = None) -> str:
 
 
 def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
-    """The jobs ``sky`` submits for ``args`` (see ``add_parser``); ``CloudError`` for unusable flags."""
+    """The jobs ``sky`` submits for ``args`` (see ``add_parser``); ``CloudError`` for unusable flags.
+
+    Their ``infra`` is ``--infra`` as given (else the task file's ``gcp``);
+    ``cmd_sky`` then pins it to the bucket's region (``resolve_infra``).
+    """
+    if not args.accelerator:
+        raise CloudError("--accelerator: required to submit, e.g. v5litepod-8 or H100:8")
     accelerator = parse_accelerator(args.accelerator, args.runtime_version)
     if not is_remote(args.workdir):
         raise CloudError(f"--workdir {args.workdir}: must be a bucket (gs://...); a slice's disks are deleted "
@@ -143,9 +175,12 @@ def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
                          "and --shares 1")
     if args.gpu_mode != "per-gpu" and accelerator.kind != "gpu":
         raise CloudError("--gpu-mode is for GPU accelerators (e.g. H100:8)")
+    if not lockfile.LOCK_FILE.exists():
+        raise CloudError(f"{lockfile.LOCK_FILE}: missing; the hosts install with it (python -m sweeps.lockfile)")
     mode = "pod-wide" if args.pod_wide else ("host-parallel" if accelerator.kind == "tpu" else args.gpu_mode)
     recovery = ({"max_restarts_on_errors": 0, "recover_on_exit_codes": []} if args.check else
                 {"max_restarts_on_errors": args.max_restarts, "recover_on_exit_codes": [75]})
+    recovery = {"strategy": RECOVERY_STRATEGY, **recovery}
     resources = {"accelerators": accelerator.name, "use_spot": args.spot, "job_recovery": recovery}
     if accelerator.runtime:
         resources["accelerator_args"] = {"runtime_version": accelerator.runtime}
@@ -163,11 +198,89 @@ def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
     for index in range(1 if args.check else args.shares):  # the check: one slice like the others, share 0
         envs = {"SWEEP": sweep_file, "WORKDIR": args.workdir, "CACHE": args.cache_dir or "", "SHARD": str(index),
                 "SHARES": str(args.shares), "MODE": mode, "ARGS": shlex.join(sweep_args),
-                "CHECK": "1" if args.check else "0"}
+                "CHECK": "1" if args.check else "0", "LOCK": lockfile.LOCK_FILE.relative_to(REPO).as_posix()}
         stem = job_stem(sweep_name, args.name)
         name = f"{stem}-check" if args.check else f"{stem}-{index}-of-{args.shares}"
         jobs.append(Job(name, index, args.shares, TASK_FILES[accelerator.kind], envs, resources))
     return accelerator, jobs
+
+
+def launchers_per_job(accelerator: Accelerator, mode: str) -> int:
+    """``sweeps.launch run`` processes one job starts: one per host or GPU, one for pod-wide or mesh."""
+    if mode in ("pod-wide", "mesh"):
+        return 1
+    return accelerator.hosts if accelerator.kind == "tpu" else gpu_count(accelerator.name)
+
+
+def check_shares(shares: int, accelerator: Accelerator, mode: str, run_count: int) -> str | None:
+    """``CloudError`` if ``shares`` jobs start more launchers than there are runs and fewer shares would do;
+    with one share that is still too wide, a note to print (its idle hosts or GPUs), else None."""
+    per_job = launchers_per_job(accelerator, mode)
+    launchers = shares * per_job
+    if launchers <= run_count:
+        return None
+    unit = "host" if accelerator.kind == "tpu" else "GPU"
+    idle = f"{launchers - run_count} would idle on billed {unit}s"
+    narrower = "--pod-wide or a smaller slice" if accelerator.kind == "tpu" else "--gpu-mode mesh or fewer GPUs"
+    what = f"{shares} job(s) × {per_job} launcher(s) (one per {unit}) = {launchers}"
+    if shares > 1:
+        fits = run_count // per_job
+        hint = f"--shares {fits}" if fits >= 1 else f"--shares 1 with {narrower}"
+        raise CloudError(f"--shares {shares}: {what} launchers, but the sweep has only {run_count} runs ({idle}); "
+                         f"use {hint}")
+    return f"note: {what} launchers for {run_count} runs: {idle}; {narrower} would use them"
+
+
+def job_runs(job: Job, accelerator: Accelerator, runs: list) -> list:
+    """The runs ``job``'s launchers train, out of ``runs`` (the sweep after ``--only``), as its ``run`` splits them."""
+    if job.envs["CHECK"] == "1":
+        return []
+    mode, share, shares = job.envs["MODE"], int(job.envs["SHARD"]), int(job.envs["SHARES"])
+    if mode == "pod-wide":
+        return list(runs)
+    parts = launchers_per_job(accelerator, mode)
+    mine = {run.run_id for part in range(parts) for run in spec_lib.shard(runs, share * parts + part, shares * parts)}
+    return [run for run in runs if run.run_id in mine]
+
+
+def bucket_location(workdir: str) -> tuple[str, str]:
+    """(location, location type) of a ``gs://`` work directory's bucket, as Cloud Storage reports them,
+    e.g. ("US-WEST4", "region") or ("US", "multi-region"). Needs credentials that may read the bucket."""
+    from google.cloud import storage as gcs
+
+    from scaling.storage import check_access
+
+    check_access(workdir)  # a one-line StorageAccessError instead of a minute of client retries
+    bucket = gcs.Client().get_bucket(workdir[len("gs://"):].split("/", 1)[0])
+    return bucket.location or "", (bucket.location_type or "").lower()
+
+
+def resolve_infra(infra: str | None, workdir: str) -> str:
+    """``gcp/<region>[/<zone>]`` for the jobs: ``infra`` if it names a region, else the bucket's region.
+
+    The work directory is a ``gs://`` bucket, so the cloud is GCP; the region
+    must be the bucket's, or checkpoints and the token cache are read across
+    regions (slower, and billed as egress). ``CloudError`` when the region
+    cannot be had: another cloud, a multi-region bucket, or a bucket that
+    cannot be read here (say ``--infra gcp/REGION`` then).
+    """
+    parts = [part for part in (infra or "").strip().strip("/").split("/") if part]
+    if parts and parts[0].lower() != "gcp":
+        raise CloudError(f"--infra {infra}: the work directory is a gs:// bucket, so the jobs run on GCP "
+                         "(--infra gcp/REGION, the bucket's region)")
+    if len(parts) >= 2:
+        return "/".join(["gcp", *parts[1:]])
+    example = "--infra gcp/REGION with the bucket's region (e.g. gcp/us-west4)"
+    try:
+        location, kind = bucket_location(workdir)
+    except Exception as error:  # noqa: BLE001 - no credentials, no network, no such bucket: one line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CloudError(f"{example}: could not read the location of {workdir}'s bucket ({first}); restarts must "
+                         "stay in the bucket's region") from None
+    if kind != "region":
+        raise CloudError(f"{example}: {workdir}'s bucket is {kind or 'of unknown type'} {location}; name one "
+                         "region in it, where the slices will run")
+    return f"gcp/{location.lower()}"
 
 
 def import_sky():
@@ -192,10 +305,18 @@ def build_task(job: Job):
 
 
 def describe(job: Job, task, accelerator: Accelerator) -> str:
-    """What ``--dry-run`` prints for one job: name, task file, resources, envs and launcher command(s)."""
+    """What ``--dry-run`` prints for one job: name, task file, where and how it recovers, the lock file,
+    resources, envs and launcher command(s)."""
     resources = task.to_yaml_config()["resources"]
+    (parsed,) = task.resources
+    recovery = parsed.job_recovery or {}
     hosts_note = (f", {accelerator.hosts} hosts" if accelerator.kind == "tpu" and accelerator.hosts > 1 else "")
     lines = [f"job {job.name}: share {job.index}/{job.count}, task {job.task_file.relative_to(REPO)}{hosts_note}",
+             f"  region: {parsed.region or 'any (not pinned)'} (infra {resources.get('infra')}); recovery: "
+             f"{recovery.get('strategy') or 'EAGER_NEXT_REGION (default)'}, exit codes "
+             f"{recovery.get('recover_on_exit_codes')} always, {recovery.get('max_restarts_on_errors')} restart(s) "
+             "on errors",
+             f"  lock: {lockfile.summary(REPO / task.envs['LOCK'])}",
              f"  resources: {json.dumps(resources, sort_keys=True)}",
              f"  envs: {shlex.join(f'{k}={v}' for k, v in job.envs.items())}"]
     where = {"tpu": "host", "gpu": "GPU"}[accelerator.kind]
@@ -206,39 +327,39 @@ def describe(job: Job, task, accelerator: Accelerator) -> str:
     return "\n".join(lines)
 
 
-def cmd_sky(sweep, args) -> int:
-    """Build every share's task with SkyPilot; print them (``--dry-run``) or submit them as managed jobs."""
-    accelerator, jobs = plan(sweep.name, args)
+def selected_runs(sweep, only: list[str]) -> list:
+    """The sweep's runs after ``--only`` (every job applies the same filter before sharing out)."""
     runs, _ = sweep.expand()
-    if args.only:  # every job applies the same filter before sharing out; refuse one that keeps nothing
-        runs = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in args.only)]
+    if only:
+        runs = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in only)]
         if not runs:
-            raise CloudError(f"--only {' '.join(args.only)}: matches none of the sweep's run names "
+            raise CloudError(f"--only {' '.join(only)}: matches none of the sweep's run names "
                              "(see `python -m sweeps.launch list`)")
-    if args.shares > len(runs):
-        raise CloudError(f"--shares {args.shares}: the sweep has only {len(runs)} runs")
+    return runs
+
+
+def cmd_sky(sweep, args) -> int:
+    """Submit the sweep's shares not already live (``--dry-run``: print them); or ``--status``/``--logs``/``--cancel``."""
+    from sweeps import cloud_jobs
+
+    if args.status or args.logs is not None or args.cancel:
+        return cloud_jobs.act(sweep, args)
+    accelerator, jobs = plan(sweep.name, args)
+    runs = selected_runs(sweep, args.only)
+    note = None if args.check else check_shares(args.shares, accelerator, jobs[0].envs["MODE"], len(runs))
+    import_sky()  # before asking the bucket for its region: without SkyPilot, say what to install
+    infra = resolve_infra(args.infra, args.workdir)  # last: it may ask Cloud Storage
+    jobs = [dataclasses.replace(job, resources={**job.resources, "infra": infra}) for job in jobs]
     tasks = [build_task(job) for job in jobs]
+    if note:
+        print(note)
     if args.dry_run:
         for job, task in zip(jobs, tasks):
             print(describe(job, task, accelerator))
-        print(f"dry run: nothing submitted; without --dry-run this submits these {len(jobs)} task(s) with "
-              "sky.jobs.launch")
+        print(f"dry run: nothing submitted; without --dry-run this submits, with sky.jobs.launch, those of these "
+              f"{len(jobs)} task(s) whose share has no live job in {cloud_jobs.jobs_path(args.workdir, sweep.name)}")
         return 0
-    sky = import_sky()
-    submitted = []
-    for job, task in zip(jobs, tasks):
-        print(f"submitting {job.name} (share {job.index}/{job.count}) ...", flush=True)
-        try:
-            job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=job.name))
-        except Exception as error:  # noqa: BLE001 - SkyPilot's errors are of many types; report one line
-            done = f"; submitted before it: {', '.join(submitted)}" if submitted else ""
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CloudError(f"sky.jobs.launch {job.name}: {first}{done}") from None
-        submitted.append(job.name)
-        print(f"{job.name}: managed job {', '.join(map(str, job_ids or []))}", flush=True)
-    print(f"watch: sky jobs queue; sky jobs logs JOB_ID; python -m sweeps.launch status {args.sweep_file} "
-          f"--workdir {args.workdir}")
-    return 0
+    return cloud_jobs.submit(sweep, args, accelerator, jobs, tasks, runs)
 
 
 SKY_DESCRIPTION = (
@@ -262,22 +383,25 @@ def add_parser(commands) -> None:
                      help="only runs whose name matches this shell pattern (repeatable), passed to every job")
     sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base-config field, e.g. steps=100 (repeatable), passed to every job")
-    sub.add_argument("--accelerator", required=True,
-                     help="a TPU slice (v5litepod-8, v6e-8, v4-32, ...) or a GPU node as SkyPilot writes it "
-                          "(H100:8, L4:4)")
+    sub.add_argument("--accelerator",
+                     help="required to submit: a TPU slice (v5litepod-8, v6e-8, v4-32, ...) or a GPU node as "
+                          "SkyPilot writes it (H100:8, L4:4)")
     sub.add_argument("--shares", type=int, default=1,
-                     help="split the sweep into this many managed jobs, one slice or node each (default 1)")
+                     help="split the sweep into this many managed jobs, one slice or node each (default 1); "
+                          "at most one launcher per run (shares × hosts or GPUs)")
     sub.add_argument("--spot", action="store_true",
                      help="spot capacity: a fraction of the price; SkyPilot re-creates a preempted slice")
     sub.add_argument("--dry-run", action="store_true",
-                     help="print each job's task (resources, envs, run command with its --shard) and submit nothing")
+                     help="print each job's task (region, recovery, lock file, resources, envs, run command with "
+                          "its --shard) and submit nothing")
     sub.add_argument("--pod-wide", action="store_true",
                      help="one job on a multi-host TPU slice whose hosts train every run together")
     sub.add_argument("--gpu-mode", choices=("per-gpu", "mesh"), default="per-gpu",
                      help="GPU nodes: one launcher per GPU (default) or one mesh over all of them")
     sub.add_argument("--cache-dir", help="token cache in the bucket (built by the data command's cache "
                                          "--cache-dir); sets data.cache_dir")
-    sub.add_argument("--infra", help="where SkyPilot may look, e.g. gcp/us-west4 (near the bucket: no egress)")
+    sub.add_argument("--infra", help="gcp/REGION the jobs run and recover in: the bucket's region (default: read "
+                                     "from the bucket; required for a multi-region bucket)")
     sub.add_argument("--runtime-version", help="TPU VM software version (default by family, e.g. "
                                                "v2-alpha-tpuv5-lite for v5litepod)")
     sub.add_argument("--max-restarts", type=int, default=2,
@@ -285,7 +409,15 @@ def add_parser(commands) -> None:
                           "exit 75 are always recovered")
     sub.add_argument("--name", help="job name prefix (default: the sweep's name)")
     sub.add_argument("--check", action="store_true",
-                     help="first minutes on a new slice type: one job, <name>-check, that runs the hosts "
-                          "--check command on every host (as its share 0 would train) instead of the sweep; "
-                          "read it with: sky jobs logs")
-
+                     help="first minutes on a new slice type: one job, <name>-check, that runs the hosts --check "
+                          "command on every host (as its share 0 would train) instead of the sweep; read it with "
+                          "--logs check")
+    sub.add_argument("--missing", action="store_true",
+                     help="also resubmit the shares whose recorded job ended (succeeded, failed, cancelled) with "
+                          "runs of the share unfinished in the bucket")
+    acts = sub.add_mutually_exclusive_group()
+    acts.add_argument("--status", action="store_true",
+                      help="this sweep's recorded jobs: SkyPilot's state beside the bucket's run counts per share")
+    acts.add_argument("--logs", metavar="JOB",
+                      help="one recorded job's log, by share index, job name, job id, or 'check'")
+    acts.add_argument("--cancel", action="store_true", help="cancel this sweep's live recorded jobs (by id)")

@@ -22,7 +22,10 @@ is recorded and the sweep goes on; the summary at the end gives counts, the
 results table and what the analysis can say so far. Exit status: 0, or 1 if
 a run of this share failed, or 75 (``scaling.stopping.PREEMPTED_EXIT_CODE``)
 after SIGTERM or Ctrl-C, with a checkpoint saved; rerunning the same command
-resumes. A signal stops the sweep whenever it arrives: mid-run at the next
+resumes. A run that another live launcher holds (its lease) is waited for,
+and taken over once the lease goes stale; with ``--when-busy exit`` the
+launcher exits 75 naming it instead (``sweeps/busy.py``). So 0 means every
+run of the share is done. A signal stops the sweep whenever it arrives: mid-run at the next
 step, at the end of a run (its final evaluation) or between runs before the
 next one starts (the launcher and its runs share one ``scaling.stopping.Stop``).
 
@@ -68,6 +71,7 @@ import sys
 from scaling import cli
 from scaling.cli import fmt
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
+from sweeps import busy as busy_lib
 from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
 from sweeps.spec import RunSpec, Sweep
@@ -280,44 +284,61 @@ def cmd_run(sweep: Sweep, args) -> int:
     bar = progress.bar(total=len(todo), desc=f"sweep {sweep.name}", unit="run", interval=0, dynamic_ncols=True,
                        file=sys.stderr, shown=show_progress)
     busy, not_trained = [], []  # not_trained: failed before the trainer could write a record
+    # busy: held by another live launcher. Waited for (sweeps/busy.py) unless --when-busy exit, so this
+    # launcher never exits 0 while runs of its share are unfinished.
+    queue, announced, when_busy = [s.spec for s in todo], set(), getattr(args, "when_busy", "wait")
     with stop.listening(), contextlib.closing(bar):
-        for state in todo:
-            run, run_dir = state.spec, state.spec.run_dir(args.workdir)
-            # Finished by another launcher since we looked? (Pod-wide, process 0's list is what counts.)
-            if jax.process_count() == 1 and read_state(run, args.workdir).status == "finished":
-                say(f"{run.name}: already finished by another launcher")
-                bar.update(1)
-                continue
-            try:
-                result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop)
-            except Preempted as stopped:
-                say(f"{run.name}: {stopped}; rerun the same command to resume")
-                return PREEMPTED_EXIT_CODE
-            except lease.RunBusy as error:
-                busy.append(run.name)
-                say(f"{run.name}: skipped, another launcher holds it: {error}")
-            except LeaseLost as error:
-                busy.append(run.name)
-                say(f"{run.name}: stopped: {error}")
-            except rundir.ConfigMismatch as error:
-                not_trained.append(run.name)
-                say(f"{run.name}: not trained: {error}")
-            except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
-                not_trained.append(run.name)
-                if checkpoints.abandoned_writes():  # storage stopped answering: the other runs would hang too
-                    say(f"{run.name}: failed: {rundir.one_line(error)}; stopping the sweep")
-                    return 1
-                log = run_dir / "error.log"
-                where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
-                say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
-            else:
-                say(f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
-                    + progress.run_time(result.steps, result.train_seconds, result.wall_seconds))
-            bar.update(1)
-            if stop.any_process():  # all stop together, or the others would wait in the next run
-                say(f"stopping after {run.name}: {stop.signal or 'SIGTERM'} received; rerun the same command "
-                    "to resume")
-                return PREEMPTED_EXIT_CODE
+        while queue:
+            busy = []
+            for run in queue:
+                run_dir, held = run.run_dir(args.workdir), False
+                # Finished by another launcher since we looked? (Pod-wide, process 0's list is what counts.)
+                if jax.process_count() == 1 and read_state(run, args.workdir).status == "finished":
+                    say(f"{run.name}: already finished by another launcher")
+                    bar.update(1)
+                    continue
+                try:
+                    result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop)
+                except Preempted as stopped:
+                    say(f"{run.name}: {stopped}; rerun the same command to resume")
+                    return PREEMPTED_EXIT_CODE
+                except (lease.RunBusy, LeaseLost) as error:
+                    busy.append(run)
+                    held = True
+                    if run.run_id not in announced:  # once, not at every poll
+                        announced.add(run.run_id)
+                        what = "skipped, another launcher holds it" if isinstance(error, lease.RunBusy) else "stopped"
+                        say(f"{run.name}: {what}: {error}")
+                except rundir.ConfigMismatch as error:
+                    not_trained.append(run.name)
+                    say(f"{run.name}: not trained: {error}")
+                except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
+                    not_trained.append(run.name)
+                    if checkpoints.abandoned_writes():  # storage stopped answering: the other runs would hang too
+                        say(f"{run.name}: failed: {rundir.one_line(error)}; stopping the sweep")
+                        return 1
+                    log = run_dir / "error.log"
+                    where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
+                    say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
+                else:
+                    say(f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
+                        + progress.run_time(result.steps, result.train_seconds, result.wall_seconds))
+                if not held:
+                    bar.update(1)
+                if stop.any_process():  # all stop together, or the others would wait in the next run
+                    say(f"stopping after {run.name}: {stop.signal or 'SIGTERM'} received; rerun the same command "
+                        "to resume")
+                    return PREEMPTED_EXIT_CODE
+            queue = []
+            if busy and when_busy == "wait":
+                say(f"waiting for {len(busy)} run(s) held by another launcher: " + "; ".join(
+                    f"{run.name} by {busy_lib.holder_text(run, args.workdir)}" for run in busy))
+                done, queue = busy_lib.wait_once(busy, args.workdir, stop, say)
+                bar.update(len(done))
+                busy = []
+                if stop.requested:
+                    say(f"stopped while waiting: {stop.signal} received; rerun the same command to resume")
+                    return PREEMPTED_EXIT_CODE
 
     all_states = read_states(runs, args.workdir)
     mine_now = [s for s in all_states if s.spec.run_id in {r.run_id for r in mine}]
@@ -326,12 +347,14 @@ def cmd_run(sweep: Sweep, args) -> int:
             sweep, all_states, args.workdir)
         print(text, flush=True)
         if busy:
-            say(f"{len(busy)} run(s) were being trained by another launcher: {', '.join(busy)}")
+            say(busy_lib.exit_message([run.name for run in busy]))
         # Only when this launch had runs to train: a no-op rerun of a finished sweep would otherwise add
         # another (offline) wandb run holding the same table each time.
         if todo and (args.pod_wide or first_share):
             _log_sweep_to_wandb(sweep, all_states, sweep_dir)
-    return 1 if not_trained or any(s.status == "failed" for s in mine_now) else 0
+    if not_trained or any(s.status == "failed" for s in mine_now):
+        return 1
+    return PREEMPTED_EXIT_CODE if busy else 0  # busy: held elsewhere with --when-busy exit; retry later
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
@@ -458,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--no-progress", action="store_true",
                              help="no progress display (a terminal otherwise shows bars, a log file a line "
                                   "every 30 s per run and one per finished run)")
+        if name == "run":
+            sub.add_argument("--when-busy", choices=busy_lib.WHEN_BUSY, default="wait",
+                             help="a run of the share that another live launcher holds: wait for it to finish "
+                                  "(taking it over if its lease goes stale; default), or exit 75 naming it so "
+                                  "that the job is retried later; never exit 0 while it is unfinished")
         if name in ("run", "dry-run"):
             sub.add_argument("--pod-wide", action="store_true",
                              help="all hosts train every run together (jax.distributed); default on a "

@@ -7,10 +7,17 @@ Three layers, none of which needs cloud credentials or a network:
 * their ``run`` scripts, executed with bash and SkyPilot's variables and a
   recording ``python``, so the launcher commands a host would start are the
   ones ``--dry-run`` prints;
-* the command itself: ``--dry-run`` for a sweep split into 4 shares, and a
-  submission with ``sky.jobs.launch`` replaced by a recorder.
-A real dry launch (SkyPilot's optimizer) needs `sky check` to find cloud
-credentials and SkyPilot's hosted catalog, so no test does one.
+* the command itself: ``--dry-run`` for a sweep split into 4 shares (region,
+  recovery strategy, lock file), the shares checked against runs × hosts or
+  GPUs, the region read from the bucket (fake-gcs-server), and submission,
+  ``--status``, ``--logs`` and ``--cancel`` at the SDK boundary: SkyPilot's
+  client functions (``sky.jobs.launch``, ``queue_v2``, ``cancel``,
+  ``tail_logs``, ``sky.get``) replaced by a stand-in controller that answers
+  with SkyPilot's own ``ManagedJobRecord`` and ``ManagedJobStatus``, and the
+  jobs record in a bucket on the emulator.
+A real dry launch (SkyPilot's optimizer) and every real call of those client
+functions need an API server, cloud credentials (`sky check`) and SkyPilot's
+hosted catalog, so no test makes one.
 Tests that need SkyPilot skip without the ``cloud`` extra; CI installs it.
 """
 
@@ -24,15 +31,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeps import cloud, launch
+from sweeps import cloud, cloud_jobs, launch, lockfile
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = "sweeps/configs/smoke.py"  # 6 runs
 TPU_TASK, GPU_TASK = cloud.TASK_FILES["tpu"], cloud.TASK_FILES["gpu"]
 
 
-def sky_flags(*extra):
-    return ["sky", str(REPO / SWEEP), "--workdir", "gs://bucket/sweeps", *extra]
+def sky_flags(*extra, workdir="gs://bucket/sweeps"):
+    return ["sky", str(REPO / SWEEP), "--workdir", workdir, *extra]
 
 
 def parsed(task_file, **envs):
@@ -51,23 +58,26 @@ def test_tpu_task_file_parses_with_skypilot():
     assert resources.use_spot is False  # on demand unless asked (--spot / --use-spot)
     assert resources.job_recovery["recover_on_exit_codes"] == [75]  # SIGTERM with a checkpoint saved: resume
     assert resources.job_recovery["max_restarts_on_errors"] >= 1
+    assert resources.job_recovery["strategy"] == "FAILOVER"
     assert task.num_nodes == 1  # one slice; SkyPilot runs `run` on each of its hosts
     assert task.workdir == "."
-    assert 'uv venv' in task.setup and '-e ".[tpu]"' in task.setup
+    assert 'uv venv' in task.setup and '-c "$LOCK" -e ".[tpu]"' in task.setup
     assert 'sweeps.launch run "$SWEEP" --workdir "$WORKDIR"' in task.run
     assert "SKYPILOT_NODE_RANK" in task.run and "SKYPILOT_NUM_NODES" in task.run
     assert task.envs == {"SWEEP": "sweeps/configs/paper.py", "WORKDIR": "gs://bucket/sweeps", "CACHE": "",
                          "SHARD": "1", "SHARES": "4", "MODE": "host-parallel", "ARGS": "", "CHECK": "0",
-                         "PYTHON_VERSION": "3.11"}
+                         "PYTHON_VERSION": "3.11", "LOCK": "constraints.txt"}
 
 
 def test_gpu_task_file_parses_with_skypilot():
     task = parsed(GPU_TASK)
     (resources,) = task.resources
     assert resources.accelerators == {"L4": 4} and resources.use_spot is False
+    assert str(resources.cloud) == "GCP"  # the work directory is a gs:// bucket
     assert resources.job_recovery["recover_on_exit_codes"] == [75]
+    assert resources.job_recovery["strategy"] == "FAILOVER"
     assert task.num_nodes == 1
-    assert '"jax[cuda12]"' in task.setup and "gcsfs" in task.setup
+    assert '-c "$LOCK" -e . "jax[cuda12]"' in task.setup and "gcsfs" in task.setup
     assert "SKYPILOT_NUM_GPUS_PER_NODE" in task.run and "CUDA_VISIBLE_DEVICES=$gpu" in task.run
     assert task.envs["MODE"] == "per-gpu" and task.envs["WORKDIR"] == "gs://bucket/sweeps"
 
@@ -168,7 +178,8 @@ def test_tpu_run_script_starts_the_commands_the_dry_run_prints(tmp_path):
 def test_check_runs_hosts_check_where_the_sweep_would_train(tmp_path, accelerator_flag, env, expected):
     accelerator, (job,) = plan("--accelerator", accelerator_flag, "--shares", "2", "--check", "--set", "steps=1")
     assert job.name == "smoke-check" and job.envs["CHECK"] == "1"
-    assert job.resources["job_recovery"] == {"max_restarts_on_errors": 0, "recover_on_exit_codes": []}
+    assert job.resources["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 0,
+                                             "recover_on_exit_codes": []}
     task_file = TPU_TASK if accelerator.kind == "tpu" else GPU_TASK
     status, calls = run_script(task_file, tmp_path, job.envs, **env)
     assert status == 0
@@ -198,53 +209,287 @@ def test_gpu_run_script_one_launcher_per_gpu_or_one_mesh(tmp_path):
 
 # --- the command ---------------------------------------------------------------------------------------------
 
+def test_task_files_recover_in_the_region_and_install_from_the_lock():
+    sky = pytest.importorskip("sky")
+    from sky.jobs import recovery_strategy
+    from sky.utils import registry
+
+    strategies = registry.JOBS_RECOVERY_STRATEGY_REGISTRY
+    # Without a strategy SkyPilot recovers with EAGER_NEXT_REGION, which tears the slice down and moves on.
+    assert strategies.from_str(strategies.default) is recovery_strategy.EagerFailoverStrategyExecutor
+    assert strategies.from_str(cloud.RECOVERY_STRATEGY) is recovery_strategy.FailoverStrategyExecutor
+    for task_file in (TPU_TASK, GPU_TASK):
+        task = parsed(task_file)
+        (resources,) = task.resources
+        assert strategies.from_str(resources.job_recovery["strategy"]) is recovery_strategy.FailoverStrategyExecutor
+        assert task.envs["LOCK"] == "constraints.txt" and (REPO / task.envs["LOCK"]).is_file()
+        assert task.envs["PYTHON_VERSION"] == lockfile.PYTHON_VERSION  # the Python the lock was resolved for
+        installs = [line for line in task.setup.splitlines() if "pip install" in line]
+        assert installs and all('-c "$LOCK"' in line for line in installs), installs
+    # --infra gcp/REGION becomes SkyPilot's region constraint, which every recovery keeps to.
+    accelerator, (job,) = plan("--accelerator", "v5litepod-8", "--infra", "gcp/us-west4")
+    (resources,) = cloud.build_task(job).resources
+    assert (str(resources.cloud), resources.region) == ("GCP", "us-west4")
+
+
 def test_dry_run_prints_each_of_four_shares_and_submits_nothing(capsys, monkeypatch):
     sky = pytest.importorskip("sky")
     monkeypatch.setattr(sky.jobs, "launch", lambda *a, **k: pytest.fail("--dry-run submitted a job"))
     code = launch.main(sky_flags("--accelerator", "v5litepod-8", "--shares", "4", "--spot", "--dry-run",
-                                 "--cache-dir", "gs://bucket/tokens/c4"))
+                                 "--cache-dir", "gs://bucket/tokens/c4", "--infra", "gcp/us-west4"))
     out = capsys.readouterr().out
     assert code == 0, out
     blocks = out.split("\njob ")
     assert len(blocks) == 4 and out.startswith("job smoke-0-of-4: share 0/4, task tpu/sweep.sky.yaml")
+    pins = lockfile.read_pins()
     for index, block in enumerate(blocks):
         lines = block.splitlines()
         assert f"smoke-{index}-of-4: share {index}/4" in lines[0]
-        resources = json.loads(lines[1].split("resources: ", 1)[1])
+        assert lines[1].startswith("  region: us-west4 (infra gcp/us-west4); recovery: FAILOVER, exit codes [75]")
+        assert lines[2].startswith("  lock: constraints.txt (") and f"jax=={pins['jax']}" in lines[2]
+        assert f"libtpu=={pins['libtpu']}" in lines[2] and f"orbax-checkpoint=={pins['orbax-checkpoint']}" in lines[2]
+        resources = json.loads(lines[3].split("resources: ", 1)[1])
         assert resources["accelerators"] == {"tpu-v5litepod-8": 1} and resources["use_spot"] is True
         assert resources["accelerator_args"] == {"runtime_version": "v2-alpha-tpuv5-lite"}
-        assert f"SHARD={index} SHARES=4 MODE=host-parallel" in lines[2]
+        assert resources["infra"] == "gcp/us-west4" and resources["job_recovery"]["strategy"] == "FAILOVER"
+        assert f"SHARD={index} SHARES=4 MODE=host-parallel" in lines[4] and "LOCK=constraints.txt" in lines[4]
         run_lines = [line for line in lines if line.startswith("  run: ")]
         assert run_lines == [f"  run: python -m sweeps.launch run {SWEEP} --workdir gs://bucket/sweeps --shard "
                              f"{index}/4 --set data.cache_dir=gs://bucket/tokens/c4"]
-    assert out.rstrip().endswith("nothing submitted; without --dry-run this submits these 4 task(s) with "
-                                 "sky.jobs.launch")
+    assert "dry run: nothing submitted" in out.splitlines()[-1]
 
 
-def test_submits_one_managed_job_per_share(capsys, monkeypatch):
+def test_region_is_the_buckets(gcs, capsys, monkeypatch):
+    """Without --infra the jobs are pinned to the region Cloud Storage reports for the bucket (the emulator
+    says US-CENTRAL1); a multi-region bucket or one that cannot be read needs --infra."""
+    pytest.importorskip("sky")
+    from google.cloud import storage as gcs_client
+
+    flags = sky_flags("--accelerator", "H100:2", "--shares", "3", "--dry-run", workdir=f"{gcs}/sweeps")
+    assert launch.main(flags) == 0
+    out = capsys.readouterr().out
+    assert out.count("  region: us-central1 (infra gcp/us-central1); recovery: FAILOVER") == 3, out
+    assert launch.main(flags + ["--infra", "gcp"]) == 0  # a cloud without a region: the bucket's region too
+    assert "infra gcp/us-central1" in capsys.readouterr().out
+    assert launch.main(flags + ["--infra", "aws/us-east-1"]) == 2
+    assert "gs:// bucket, so the jobs run on GCP" in capsys.readouterr().err
+
+    def multi_region(client, name, *args, **kwargs):
+        bucket = gcs_client.Bucket(client, name)
+        bucket._properties.update({"location": "US", "locationType": "multi-region"})
+        return bucket
+    monkeypatch.setattr(gcs_client.Client, "get_bucket", multi_region)
+    assert launch.main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "multi-region US" in err and "--infra gcp/REGION" in err
+    assert launch.main(flags + ["--infra", "gcp/us-east5"]) == 0  # named: not looked up
+    assert "infra gcp/us-east5" in capsys.readouterr().out
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    assert launch.main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--infra gcp/REGION" in err and "could not read the location" in err
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--accelerator", "H100:8", "--shares", "4"], "--shares 4: 4 job(s) × 8 launcher(s) (one per GPU) = 32 "
+     "launchers, but the sweep has only 6 runs (26 would idle on billed GPUs); use --shares 1 with --gpu-mode mesh"),
+    (["--accelerator", "H100:2", "--shares", "4"], "= 8 launchers, but the sweep has only 6 runs (2 would idle on "
+     "billed GPUs); use --shares 3"),
+    (["--accelerator", "v5litepod-16", "--shares", "2"], "use --shares 1"),
+    (["--accelerator", "v5litepod-8", "--shares", "4", "--only", "L1-*"], "only 3 runs"),
+])
+def test_shares_are_checked_against_runs_times_hosts_or_gpus(flags, message, capsys):
+    assert launch.main(sky_flags(*flags, "--dry-run", "--infra", "gcp/us-west4")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_one_share_wider_than_the_sweep_is_a_note(capsys):
+    pytest.importorskip("sky")
+    assert launch.main(sky_flags("--accelerator", "H100:8", "--dry-run", "--infra", "gcp/us-west4")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("note: 1 job(s) × 8 launcher(s) (one per GPU) = 8 launchers for 6 runs: 2 would idle")
+    assert launch.main(sky_flags("--accelerator", "H100:8", "--gpu-mode", "mesh", "--shares", "6", "--dry-run",
+                                 "--infra", "gcp/us-west4")) == 0  # one launcher per job: 6 for 6 runs
+    assert "note:" not in capsys.readouterr().out
+
+
+def write_record(run, workdir):
+    """A finished record for ``run`` in the (gs://) work directory, as the trainer writes it (no training)."""
+    from scaling import records
+
+    config = run.config
+    records.write_record(run.run_dir(workdir), records.RunRecord(
+        run_id=run.run_id, status="finished", depth=config.model.depth, width=config.model.width, seed=config.seed,
+        params_non_embedding=12 * config.model.depth * config.model.width ** 2, name=run.name,
+        sweep=config.sweep_name, final_eval_loss=3.0, point_id=run.run_id, lr_rule=config.optim.lr_rule,
+        peak_lr=config.optim.peak_lr, planned_steps=config.steps))
+
+
+class Controller:
+    """SkyPilot's client functions as a jobs controller would answer them, with SkyPilot's own record and
+    status classes: ``launch`` queues a job (PENDING), ``queue_v2``/``cancel``/``tail_logs`` act on ids."""
+
+    def __init__(self, sky, monkeypatch):
+        from sky.jobs import ManagedJobStatus
+        from sky.schemas.api.responses import ManagedJobRecord
+
+        self.status, self.record_class = ManagedJobStatus, ManagedJobRecord
+        self.jobs, self.launched, self.cancelled, self.logs, self.refuse = {}, [], [], [], set()
+        monkeypatch.setattr(sky.jobs, "launch", self.launch)
+        monkeypatch.setattr(sky.jobs, "queue_v2", self.queue_v2)
+        monkeypatch.setattr(sky.jobs, "cancel", self.cancel)
+        monkeypatch.setattr(sky.jobs, "tail_logs", self.tail_logs)
+        monkeypatch.setattr(sky, "stream_and_get", lambda request: request())
+        monkeypatch.setattr(sky, "get", lambda request: request())
+
+    def launch(self, task, name):
+        def answer():
+            if name in self.refuse:
+                raise RuntimeError("Cloud access is not set up. Run: sky check\nmore detail")
+            job_id = len(self.jobs) + 1
+            self.jobs[job_id] = self.record_class(job_id=job_id, task_id=0, job_name=name, task_name=name,
+                                                  status=self.status.PENDING, recovery_count=0)
+            self.launched.append((task, name))
+            return [job_id], None
+        return answer
+
+    def queue_v2(self, refresh, skip_finished=False, all_users=False, job_ids=None, **_):
+        records = [r for i, r in self.jobs.items() if job_ids is None or i in job_ids]
+        return lambda: (records, len(records), {}, len(self.jobs))
+
+    def cancel(self, name=None, job_ids=None, all=False, **_):  # noqa: A002 - SkyPilot's parameter name
+        assert name is None and not all, "cancel by job id only"
+        self.cancelled += list(job_ids)
+        return lambda: None
+
+    def tail_logs(self, name=None, job_id=None, follow=True, **_):
+        assert name is None, "logs by job id only: names resolve among running jobs alone"
+        self.logs.append(job_id)
+        return 0
+
+    def set(self, job_id, status, recoveries=0):
+        self.jobs[job_id] = self.jobs[job_id].model_copy(update={"status": getattr(self.status, status),
+                                                                 "recovery_count": recoveries})
+
+
+def test_submitting_twice_submits_each_share_once(gcs, capsys, monkeypatch):
     sky = pytest.importorskip("sky")
-    submitted = []
-    monkeypatch.setattr(sky.jobs, "launch", lambda task, name: submitted.append((task, name)) or name)
-    monkeypatch.setattr(sky, "stream_and_get", lambda request: ([len(submitted)], None))
-    assert launch.main(sky_flags("--accelerator", "H100:8", "--shares", "2", "--spot", "--set", "steps=5")) == 0
-    assert [name for _, name in submitted] == ["smoke-0-of-2", "smoke-1-of-2"]
-    for index, (task, _) in enumerate(submitted):
+    controller = Controller(sky, monkeypatch)
+    workdir = f"{gcs}/sweeps"
+    flags = sky_flags("--accelerator", "H100:2", "--shares", "2", "--spot", "--set", "steps=5", workdir=workdir)
+    assert launch.main(flags) == 0
+    assert [name for _, name in controller.launched] == ["smoke-0-of-2", "smoke-1-of-2"]
+    for index, (task, _) in enumerate(controller.launched):
         (resources,) = task.resources
-        assert resources.accelerators == {"H100": 8} and resources.use_spot is True
+        assert resources.accelerators == {"H100": 2} and resources.use_spot is True
+        assert (str(resources.cloud), resources.region) == ("GCP", "us-central1")  # the bucket's region
+        assert resources.job_recovery["strategy"] == "FAILOVER"
         assert task.envs["SHARD"] == str(index) and task.envs["ARGS"] == "--set steps=5"
         assert task.workdir == str(REPO) and task.name == f"smoke-{index}-of-2"
-    out = capsys.readouterr().out
-    assert "smoke-1-of-2: managed job 2" in out and "sweeps.launch status" in out
+    record = cloud_jobs.read_jobs(cloud_jobs.jobs_path(workdir, "smoke"))
+    assert [(job.name, job.job_id, job.share) for job in record] == [("smoke-0-of-2", 1, 0), ("smoke-1-of-2", 2, 1)]
+    assert "2 job(s) submitted" in capsys.readouterr().out
 
-    # A SkyPilot error (here: no cloud access) is one line naming the job and what was already submitted.
-    def refuse(task, name):
-        if name.endswith("1-of-2"):
-            raise RuntimeError("Cloud access is not set up. Run: sky check\nmore detail")
-        return name
-    monkeypatch.setattr(sky.jobs, "launch", refuse)
-    assert launch.main(sky_flags("--accelerator", "H100:8", "--shares", "2")) == 2
+    # Again, with both jobs live: nothing new.
+    controller.set(1, "RUNNING")
+    controller.set(2, "RECOVERING", recoveries=1)
+    assert launch.main(flags) == 0
+    out = capsys.readouterr().out
+    assert len(controller.launched) == 2
+    assert "smoke-0-of-2: skipped, managed job 1 is RUNNING" in out
+    assert "smoke-1-of-2: skipped, managed job 2 is RECOVERING (1 recoveries)" in out
+    assert "nothing submitted" in out
+
+    # Other shares over the same runs while these are live: refused, nothing submitted.
+    assert launch.main(sky_flags("--accelerator", "H100:1", "--shares", "3", "--set", "steps=5",
+                                 workdir=workdir)) == 2
+    assert "submitted as 2 shares" in capsys.readouterr().err and len(controller.launched) == 2
+
+    # Job 2 ended with its runs unfinished: only --missing resubmits it, and only it.
+    controller.set(2, "FAILED")
+    assert launch.main(flags) == 0
+    assert "smoke-1-of-2: skipped, managed job 2 ended FAILED; --missing" in capsys.readouterr().out
+    assert len(controller.launched) == 2
+    assert launch.main(flags + ["--missing"]) == 0
+    out = capsys.readouterr().out
+    assert [name for _, name in controller.launched[2:]] == ["smoke-1-of-2"]
+    assert "smoke-1-of-2: managed job 2 ended FAILED with 4 run(s) unfinished" in out  # 2 GPUs: 2 of 4 parts
+    record = cloud_jobs.read_jobs(cloud_jobs.jobs_path(workdir, "smoke"))
+    assert [(job.name, job.job_id) for job in record][-1] == ("smoke-1-of-2", 3)
+
+    # A share whose job ended with every run finished is not resubmitted, even with --missing.
+    sweep = launch.spec_lib.with_overrides(launch.spec_lib.load_sweep(REPO / SWEEP), ["steps=5"])
+    accelerator, jobs = cloud.plan("smoke", launch.build_parser().parse_args(flags))
+    for run in cloud.job_runs(jobs[0], accelerator, sweep.expand()[0]):
+        write_record(run, workdir)
+    controller.set(1, "SUCCEEDED")
+    controller.set(3, "RUNNING")
+    assert launch.main(flags + ["--missing"]) == 0
+    assert "smoke-0-of-2: skipped, every run of its share is done" in capsys.readouterr().out
+    assert len(controller.launched) == 3
+
+
+def test_a_submission_that_stops_part_way_is_completed_by_the_next(gcs, capsys, monkeypatch):
+    sky = pytest.importorskip("sky")
+    controller = Controller(sky, monkeypatch)
+    flags = sky_flags("--accelerator", "v5litepod-8", "--shares", "3", workdir=f"{gcs}/sweeps")
+    controller.refuse = {"smoke-1-of-3"}
+    assert launch.main(flags) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "smoke-1-of-2: Cloud access is not set up" in err and "smoke-0-of-2" in err
+    assert err.count("\n") == 1 and "smoke-1-of-3: Cloud access is not set up" in err and "smoke-0-of-3" in err
+    controller.refuse = set()
+    assert launch.main(flags) == 0
+    assert [name for _, name in controller.launched] == ["smoke-0-of-3", "smoke-1-of-3", "smoke-2-of-3"]
+
+
+def test_status_logs_and_cancel_act_on_this_sweeps_jobs_by_id(gcs, capsys, monkeypatch):
+    sky = pytest.importorskip("sky")
+    controller = Controller(sky, monkeypatch)
+    workdir = f"{gcs}/sweeps"
+    base = sky_flags(workdir=workdir)
+    assert launch.main(base + ["--status"]) == 0
+    assert "no jobs recorded" in capsys.readouterr().out
+    assert launch.main(sky_flags("--accelerator", "v5litepod-8", "--shares", "2", workdir=workdir)) == 0
+    # Another sweep's job in the same queue (e.g. submitted by hand with the same name): never touched.
+    controller.jobs[99] = controller.record_class(job_id=99, job_name="smoke-0-of-2", status=controller.status.RUNNING)
+    controller.set(1, "RUNNING")
+    controller.set(2, "SUCCEEDED")
+    sweep = launch.spec_lib.load_sweep(REPO / SWEEP)
+    accelerator, jobs = cloud.plan("smoke", launch.build_parser().parse_args(
+        sky_flags("--accelerator", "v5litepod-8", "--shares", "2", workdir=workdir)))
+    share_1 = cloud.job_runs(jobs[1], accelerator, sweep.expand()[0])
+    for run in share_1:
+        write_record(run, workdir)
+    write_record(cloud.job_runs(jobs[0], accelerator, sweep.expand()[0])[0], workdir)
+    capsys.readouterr()
+
+    assert launch.main(base + ["--status"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("smoke-")}
+    assert "RUNNING" in lines["smoke-0-of-2"] and "2 pending, 1 finished (of 3)" in lines["smoke-0-of-2"]
+    assert "SUCCEEDED" in lines["smoke-1-of-2"] and f"{len(share_1)} finished (of {len(share_1)})" in \
+        lines["smoke-1-of-2"]
+    assert "all recorded jobs' runs: 2 pending, 4 finished" in out
+
+    assert launch.main(base + ["--logs", "smoke-1-of-2"]) == 0  # a finished job's log: by its id
+    assert launch.main(base + ["--logs", "0"]) == 0
+    assert controller.logs == [2, 1]
+    assert launch.main(base + ["--logs", "7"]) == 2
+    assert "no recorded job matches" in capsys.readouterr().err
+
+    assert launch.main(base + ["--cancel"]) == 0
+    assert controller.cancelled == [1]  # the live one of this sweep; not 99, not the finished 2
+    assert "cancelled 1 job(s): smoke-0-of-2 #1" in capsys.readouterr().out
 
 
 def test_without_skypilot_says_what_to_install(capsys, monkeypatch):
@@ -259,6 +504,7 @@ def test_without_skypilot_says_what_to_install(capsys, monkeypatch):
     (["--accelerator", "H100:8", "--pod-wide"], "TPU"),
     (["--accelerator", "v5litepod-8", "--gpu-mode", "mesh"], "GPU"),
     (["--accelerator", "v5litepod-8", "--shares", "7"], "only 6 runs"),
+    (["--shares", "2"], "--accelerator: required to submit"),
     (["--accelerator", "v5litepod-8", "--shares", "0"], "at least 1"),
     (["--accelerator", "not a type"], "TPU type"),
     (["--accelerator", "v5litepod-8", "--only", "nothing-*"], "matches none"),
