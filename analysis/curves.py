@@ -33,6 +33,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from analysis.errors import AnalysisInputError
+from analysis.results import open_source
 from analysis.plots import compact_number, save_figure
 from scaling.metrics_log import read_metrics
 from scaling.storage import find
@@ -104,13 +105,7 @@ def load_curves(source) -> tuple[list[RunCurve], list[str]]:
     """Every run under ``source`` (itself one run, or a folder of runs at any depth; local or URI) with
     losses logged, ordered by depth, width, seed and path; and notes on the run folders left out.
     ``AnalysisInputError`` (one line) if ``source`` is missing, a file, or holds no run with losses."""
-    path = epath.Path(source)
-    try:
-        exists, is_dir = path.exists(), path.is_dir()
-    except (ImportError, ValueError) as error:  # e.g. gs:// without gcsfs installed
-        raise AnalysisInputError(f"{source}: cannot open: {error}") from None
-    if not exists:
-        raise AnalysisInputError(f"{source}: no such directory")
+    path, is_dir = open_source(source, missing="no such directory")
     if not is_dir:
         raise AnalysisInputError(f"{source}: is a file; expected a run directory or a folder of runs")
     runs, notes = [], []

@@ -103,6 +103,19 @@ class RunTable:
         return lines
 
 
+def open_source(source, missing: str = "no such file or directory") -> tuple[epath.Path, bool]:
+    """``source`` as a path (local or URI) and whether it is a directory; ``AnalysisInputError`` (one line,
+    ending in ``missing``) if it does not exist or cannot be opened."""
+    path = epath.Path(source)
+    try:
+        exists, is_dir = path.exists(), path.is_dir()
+    except (ImportError, ValueError) as error:  # e.g. gs:// without gcsfs installed
+        raise AnalysisInputError(f"{source}: cannot open: {error}") from None
+    if not exists:
+        raise AnalysisInputError(f"{source}: {missing}")
+    return path, is_dir
+
+
 def load_runs(source, fingerprint: str | None = None, steps: int | None = None) -> RunTable:
     """Load a sweep directory or a CSV file into a ``RunTable``.
 
@@ -111,13 +124,7 @@ def load_runs(source, fingerprint: str | None = None, steps: int | None = None) 
     holds several. Raises ``AnalysisInputError`` with a one-line reason for
     anything unusable.
     """
-    path = epath.Path(source)
-    try:
-        exists, is_dir = path.exists(), path.is_dir()
-    except (ImportError, ValueError) as error:  # e.g. gs:// without gcsfs installed
-        raise AnalysisInputError(f"{source}: cannot open: {error}") from None
-    if not exists:
-        raise AnalysisInputError(f"{source}: no such file or directory")
+    path, is_dir = open_source(source)
     if is_dir:
         found, skipped, unfinished, notes = _read_sweep_dir(path, str(source))
     else:
