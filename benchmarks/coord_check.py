@@ -1,4 +1,4 @@
-"""Coordinate check: the size of activations and updates over the first Adam steps, across widths and depths, per parametrization.
+"""Coordinate check: activation and update sizes over the first Adam steps across widths and depths, by parametrization.
 
 For each parametrization (``optim.parametrization``: standard, mup,
 completep) and each shape, the trainer's own step
@@ -20,7 +20,8 @@ adds its own); under μP Δ is flat across widths, under CompleteP also across
 depths. The figure plots Δ at the last step against width and against depth,
 one panel per parametrization; the table gives each curve's log-log slope.
 
-    python benchmarks/coord_check.py --out results/hp_transfer/coord_check.png --json results/hp_transfer/coord_check.json
+    python benchmarks/coord_check.py --out results/hp_transfer/coord_check.png \
+        --json results/hp_transfer/coord_check.json
     python benchmarks/coord_check.py --replot results/hp_transfer/coord_check.json --out coord_check.png
     python benchmarks/coord_check.py --widths 32 64 --depths 1 2 --steps 3 --json coord.json
 
