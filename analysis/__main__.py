@@ -8,6 +8,7 @@
     python -m analysis plot runs/my_sweep --out figures/
     python -m analysis curves runs/my_sweep --out figures/curves --by width
     python -m analysis log-length results/log_length --figure accuracy.png
+    python -m analysis hp-transfer results/hp_transfer --figure loss_vs_lr.png
     python -m analysis synthetic --out sweep.csv
 
 The same commands are installed as depth-width-analysis.
@@ -345,6 +346,15 @@ def cmd_log_length(args) -> int:
     return 0
 
 
+def cmd_hp_transfer(args) -> int:
+    from analysis import hp_transfer
+
+    print(hp_transfer.run(args.directory, args.json, args.figure, args.base_width, args.base_depth))
+    if args.figure:
+        print(f"figure: {args.figure}", file=sys.stderr)
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 def _described_by_their_help(commands):
     """``commands`` whose subcommands' ``--help`` opens with the one line the command list shows, unless
@@ -469,6 +479,19 @@ def build_parser() -> argparse.ArgumentParser:
     length.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
     length.add_argument("--figure", metavar="PATH", help="also draw test accuracy vs training length (PNG/PDF)")
     length.set_defaults(run=cmd_log_length)
+
+    transfer = commands.add_parser(
+        "hp-transfer", help="best learning rate per width and depth, per parametrization (μP, CompleteP)",
+        description="Best peak rate per shape along the width axis (at --base-depth) and the depth axis (at "
+                    "--base-width) per parametrization, the spread of the best rates along each axis, and "
+                    "the pre-registered criterion of results/hp_transfer/README.md, from the run records "
+                    "of sweeps/configs/hp_transfer.py.")
+    transfer.add_argument("directory", help="sweep directory, e.g. results/hp_transfer")
+    transfer.add_argument("--base-width", type=_positive_int, default=64, help="width of the depth axis (64)")
+    transfer.add_argument("--base-depth", type=_positive_int, default=2, help="depth of the width axis (2)")
+    transfer.add_argument("--json", action="store_true", help="JSON instead of markdown tables")
+    transfer.add_argument("--figure", metavar="PATH", help="also draw loss against peak rate (PNG/PDF)")
+    transfer.set_defaults(run=cmd_hp_transfer)
     return parser
 
 

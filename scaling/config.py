@@ -48,6 +48,8 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "gelu_exact", "swiglu"]
 AttentionScale = Literal["standard", "log_length"]
 AttentionImpl = Literal["xla", "flash"]
 Dtype = Literal["float32", "bfloat16"]
+# How initialisation, rates and multipliers follow width and depth (``OptimConfig``, ``scaling.parametrization``).
+Parametrization = Literal["standard", "mup", "completep"]
 
 
 def choices(kind) -> tuple[str, ...]:
@@ -221,19 +223,35 @@ class DataConfig:
 
 @_section
 class OptimConfig:
-    """AdamW with warmup then decay, and the learning-rate rule across widths.
+    """AdamW with warmup then decay, and how its numbers (and the model's scales) follow the shape.
 
-    ``lr_rule``:
+    ``parametrization`` (``scaling.parametrization`` holds every rule, each cited):
+    - ``standard``: initialisation and multipliers as ``model`` says, whatever the
+      shape; only ``lr_rule`` scales the rates (today's behaviour, the default);
+    - ``mup``: μP ("Tensor Programs V", Tables 3 and 8): hidden matrices' initial
+      std × sqrt(base_width/width) and Adam rate × base_width/width, the output
+      logits × base_width/width, attention logits 1/d_head (equal to 1/sqrt(d_head)
+      at the base head size); embeddings, norms and biases keep theirs;
+    - ``completep``: μP plus CompleteP's depth rules ("Don't be lazy: CompleteP
+      enables compute-efficient deep transformers", α = 1): every residual branch
+      × base_depth/depth, and the hidden weight decay and Adam epsilons it gives.
+    Both equal ``standard`` at ``width == base_width`` (and ``depth == base_depth``).
+
+    ``lr_rule`` (under ``parametrization="standard"``; the others set per-tensor
+    rates themselves and take only ``constant``):
     - ``constant``: every shape uses ``peak_lr``;
     - ``width_scaled``: ``peak_lr * base_width / width`` for all parameters;
-    - ``mup``: μP-style per-layer rates ("Tensor Programs V", Table 3):
+    - ``mup``: μP's rates only ("Tensor Programs V", Table 3), not μP:
       hidden matrices (attention and feed-forward kernels) get
-      ``peak_lr * base_width / width``, embeddings, norms and biases keep ``peak_lr``.
+      ``peak_lr * base_width / width``, embeddings, norms and biases keep ``peak_lr``;
+      initialisation and multipliers stay standard (``parametrization="mup"`` is the whole of μP).
     """
 
     peak_lr: PositiveFloat = 3e-3
     lr_rule: Literal["constant", "width_scaled", "mup"] = "constant"
     base_width: PositiveInt = 64  # width at which the rule gives exactly peak_lr
+    parametrization: Parametrization = "standard"
+    base_depth: PositiveInt = 2  # depth at which completep's depth rules change nothing
     warmup_steps: NonNegativeInt = 50
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     end_lr_fraction: Annotated[float, Field(ge=0, le=1)] = 0.1
@@ -242,6 +260,12 @@ class OptimConfig:
     beta2: Probability = 0.95
     eps: float = 1e-8
     grad_clip: NonNegativeFloat = 1.0  # global-norm clip; 0 disables
+
+    def __post_init__(self):
+        if self.parametrization != "standard":
+            _require(self.lr_rule == "constant", "lr_rule",
+                     f"'constant' with optim.parametrization={self.parametrization!r} (it sets per-tensor rates "
+                     "itself)", self.lr_rule)
 
 
 # One rule maps a logical axis name of scaling.model to mesh axes: one, several,
@@ -313,6 +337,10 @@ class TrainConfig:
                  self.microbatches)
         _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
                  f"<= model.max_seq_len={self.model.max_seq_len}", self.data.seq_len)
+        if self.optim.parametrization != "standard":
+            _require(self.model.init_scheme == "normal", "model.init_scheme",
+                     f"'normal' with optim.parametrization={self.optim.parametrization!r} (it scales the "
+                     "initial weights itself)", self.model.init_scheme)
         if self.model.attention_impl == "flash":  # the splash kernel tiles sequences in blocks of 128
             _require(self.data.seq_len % 128 == 0, "data.seq_len",
                      "a multiple of 128 with model.attention_impl='flash' (or use 'xla')", self.data.seq_len)
@@ -400,7 +428,8 @@ _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "lo
 # Add every new result-changing field here with its default; never change an
 # existing default (add a field instead).
 _NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0,
-                                   "model.block": "gpt"}
+                                   "model.block": "gpt", "optim.parametrization": "standard",
+                                   "optim.base_depth": 2}
 # Spellings of one model: hashed as the older name, so a config that names the same function
 # anew keeps the run id of the records trained before the new name existed.
 _SAME_AS: dict[str, dict[Any, Any]] = {"model.activation": {"gelu_tanh": "gelu"}}

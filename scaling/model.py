@@ -32,6 +32,12 @@ feed-forward hidden state and on the final hidden state and logits
 model for this): the batch is split over the data-parallel axes, heads and
 the feed-forward width over ``tensor``. The residual stream's width is left
 whole (``RESIDUAL``), as in Megatron-style tensor parallelism.
+
+A parametrization other than the standard one (μP, CompleteP; see
+``scaling.parametrization``) reaches the model as ``Multipliers``: scales of
+the initial hidden matrices, of the attention logits, of each residual
+branch and of the output. They are constants of the program; the defaults
+change nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import jax.numpy as jnp
 from scaling.attention import attention
 from scaling.config import ModelConfig
 from scaling.mesh import constrain
+from scaling.parametrization import Multipliers
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -132,16 +139,19 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.Module:
     )
 
 
-def attention_logit_scale(config: ModelConfig, length: int, input_mask: jax.Array | None) -> jax.Array:
+def attention_logit_scale(config: ModelConfig, length: int, input_mask: jax.Array | None,
+                          multiplier: float = 1.0) -> jax.Array:
     """The factor multiplying q·k logits, broadcastable to [batch, heads, query, key].
 
-    ``standard`` is 1/sqrt(d_a). ``log_length`` ("Overcoming a Theoretical
-    Limitation of Self-Attention", section 4.3, Eq. 1) also multiplies by
-    log n, where n is the number of keys a query can see: i+1
+    ``standard`` is ``multiplier``/sqrt(d_a) (1/sqrt(d_a) by default; μP's
+    ``multiplier`` makes it sqrt(d_base)/d_a, see ``scaling.parametrization``).
+    ``log_length`` ("Overcoming a Theoretical Limitation of Self-Attention",
+    section 4.3, Eq. 1) also multiplies by log n, where n is the number of
+    keys a query can see: i+1
     for the query at position i under causal attention, and the number of
     real (unpadded) tokens of the sequence under bidirectional attention.
     """
-    scale = 1.0 / math.sqrt(config.attention_head_dim)
+    scale = multiplier / math.sqrt(config.attention_head_dim)
     if config.attention_scale == "standard":
         return jnp.asarray(scale, jnp.float32)
     if config.objective == "causal":
@@ -184,8 +194,17 @@ def rotary_positions(x: jax.Array, base: float = ROPE_BASE) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
+def _branch_out_std(config: ModelConfig, multipliers: Multipliers) -> float:
+    """Initial std of a residual branch's output projection: scaled down with depth (GPT-2 style) so the
+    residual stream's variance does not grow with L, at a fixed depth under CompleteP (whose branch
+    multiplier scales with depth instead), and by the hidden matrices' width factor."""
+    depth = multipliers.branch_init_depth or config.depth
+    return config.init_std * multipliers.hidden_init / math.sqrt(2 * depth)
+
+
 class SelfAttention(nn.Module):
     config: ModelConfig
+    multipliers: Multipliers = Multipliers()
 
     @nn.compact
     def __call__(self, x, input_mask):
@@ -205,22 +224,22 @@ class SelfAttention(nn.Module):
         # backward pass it lowers with slow strided transposes.
         tokens = x.reshape(batch * length, width)
 
+        hidden_std = cfg.init_std * self.multipliers.hidden_init
+
         def projection(name):
-            out = dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes, torch_kind="qkv"),
+            out = dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes, hidden_std, "qkv"),
                         bias_init=_zeros(("heads", "kv")), name=name)(tokens)
             return constrain(out.reshape(batch, length, heads, head_dim), ("batch", "length", "heads", "kv"))
 
         query, key, value = projection("query"), projection("key"), projection("value")
         if cfg.position == "rope":
             query, key = rotary_positions(query), rotary_positions(key)
-        mixed = attention(query, key, value, attention_logit_scale(cfg, length, input_mask),
+        logit_scale = attention_logit_scale(cfg, length, input_mask, self.multipliers.attention)
+        mixed = attention(query, key, value, logit_scale,
                           causal=cfg.objective == "causal", input_mask=input_mask,
                           implementation=cfg.attention_impl)
         mixed = constrain(mixed, ("batch", "length", "heads", "kv"))
-        # The output projection is scaled down with depth (GPT-2 style) so the
-        # residual stream's variance does not grow with L.
-        out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
-        out_init = _init(cfg, ("heads", "kv", "embed"), out_std, "attention_out")
+        out_init = _init(cfg, ("heads", "kv", "embed"), _branch_out_std(cfg, self.multipliers), "attention_out")
         out = dense(features=cfg.width, axis=(-2, -1), kernel_init=out_init,
                     bias_init=_zeros(("embed",)), name="out")(mixed.reshape(batch * length, heads, head_dim))
         return out.reshape(batch, length, width)
@@ -228,6 +247,7 @@ class SelfAttention(nn.Module):
 
 class FeedForward(nn.Module):
     config: ModelConfig
+    multipliers: Multipliers = Multipliers()
 
     @nn.compact
     def __call__(self, x):
@@ -237,8 +257,9 @@ class FeedForward(nn.Module):
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])  # 2-D matmuls, as in SelfAttention
         def expand(name):
-            hidden = dense(cfg.ff_width, kernel_init=_init(cfg, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
-                           name=name)(tokens)
+            hidden_init = _init(cfg, ("embed", "mlp"), cfg.init_std * self.multipliers.hidden_init)
+            hidden = dense(cfg.ff_width, kernel_init=hidden_init,
+                           bias_init=_zeros(("mlp",)), name=name)(tokens)
             # Tokens are batch-major, so splitting them in contiguous blocks is splitting the batch.
             return constrain(hidden, ("batch", "mlp"))
 
@@ -246,9 +267,8 @@ class FeedForward(nn.Module):
             hidden = nn.silu(expand("wi_gate")) * expand("wi")
         else:
             hidden = _ACTIVATIONS[cfg.activation](expand("wi"))
-        out_std = cfg.init_std / math.sqrt(2 * cfg.depth)
-        out = dense(cfg.width, kernel_init=_init(cfg, ("mlp", "embed"), out_std), bias_init=_zeros(("embed",)),
-                    name="wo")(hidden)
+        out = dense(cfg.width, kernel_init=_init(cfg, ("mlp", "embed"), _branch_out_std(cfg, self.multipliers)),
+                    bias_init=_zeros(("embed",)), name="wo")(hidden)
         return out.reshape(shape)
 
 
@@ -257,18 +277,25 @@ class Block(nn.Module):
 
     config: ModelConfig
     deterministic: bool = True
+    multipliers: Multipliers = Multipliers()
 
     @nn.compact
     def __call__(self, x, input_mask):
-        cfg = self.config
+        cfg, scales = self.config, self.multipliers
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        attend = SelfAttention(cfg, scales, name="attention")
+        feed_forward = FeedForward(cfg, scales, name="mlp")
+
+        def branch(out):  # CompleteP scales each residual branch with depth; a constant 1 is left out
+            return drop(out) if scales.residual == 1.0 else scales.residual * drop(out)
+
         x = constrain(x, RESIDUAL)
         if cfg.norm == "pre":
-            x = x + drop(SelfAttention(cfg, name="attention")(_layer_norm(cfg, "attention_norm")(x), input_mask))
-            x = x + drop(FeedForward(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x)))
+            x = x + branch(attend(_layer_norm(cfg, "attention_norm")(x), input_mask))
+            x = x + branch(feed_forward(_layer_norm(cfg, "mlp_norm")(x)))
         else:
-            x = _layer_norm(cfg, "attention_norm")(x + drop(SelfAttention(cfg, name="attention")(x, input_mask)))
-            x = _layer_norm(cfg, "mlp_norm")(x + drop(FeedForward(cfg, name="mlp")(x)))
+            x = _layer_norm(cfg, "attention_norm")(x + branch(attend(x, input_mask)))
+            x = _layer_norm(cfg, "mlp_norm")(x + branch(feed_forward(x)))
         return constrain(x, RESIDUAL), None
 
 
@@ -332,11 +359,14 @@ class Transformer(nn.Module):
     time (``scaling.loss``) rather than all at once. The vocabulary axis of
     the embedding and unembedding is stored padded to a multiple of
     ``vocab_multiple`` ids (``padded_vocab_size``); the padding never
-    changes a logit of a real id or the loss.
+    changes a logit of a real id or the loss. ``multipliers`` are the
+    parametrization's scales (``scaling.parametrization``); the returned
+    hidden states already carry its output multiplier.
     """
 
     config: ModelConfig
     vocab_multiple: int = VOCAB_MULTIPLE
+    multipliers: Multipliers = Multipliers()
 
     @nn.compact
     def __call__(self, tokens, input_mask=None, *, deterministic: bool = True, return_hidden: bool = False):
@@ -368,13 +398,17 @@ class Transformer(nn.Module):
             stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                             in_axes=nn.broadcast, length=cfg.depth,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = stack(cfg, deterministic, name="layers")(x, input_mask)
+            x, _ = stack(cfg, deterministic, self.multipliers, name="layers")(x, input_mask)
         else:
             for index in range(cfg.depth):
-                x, _ = block(cfg, deterministic, name=f"layers_{index}")(x, input_mask)
+                x, _ = block(cfg, deterministic, self.multipliers, name=f"layers_{index}")(x, input_mask)
 
         if cfg.norm == "pre":
             x = _layer_norm(cfg, "final_norm")(x)
+        if self.multipliers.output != 1.0:
+            # μP's output multiplier on the hidden state, which scales the logits and the unembedding's
+            # gradient alike (scaling.parametrization), and leaves the loss's sliced logits untouched.
+            x = x * jnp.asarray(self.multipliers.output, x.dtype)
         x = constrain(x, RESIDUAL)
         kernel = embed.embedding.T if cfg.tie_embeddings else Unembedding(cfg, padded_vocab, name="unembedding")()
         if return_hidden:
@@ -387,9 +421,10 @@ class Transformer(nn.Module):
 # Parameter layouts
 
 
-def init_params(config: ModelConfig, rng, batch_size: int = 1, length: int | None = None):
+def init_params(config: ModelConfig, rng, batch_size: int = 1, length: int | None = None,
+                multipliers: Multipliers = Multipliers()):
     """Unboxed float parameters of a fresh model (allocates them; use for small models)."""
-    model = Transformer(config)
+    model = Transformer(config, multipliers=multipliers)
     tokens = jnp.zeros((batch_size, length or min(config.max_seq_len, 8)), jnp.int32)
     return nn.unbox(jax.jit(model.init)(rng, tokens)["params"])
 

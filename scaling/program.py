@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from scaling import mesh as mesh_lib, optim as optim_lib
+from scaling import mesh as mesh_lib, optim as optim_lib, parametrization
 from scaling.config import ModelConfig, OptimConfig, TrainConfig
 from scaling.loss import compute_loss, loss_and_grads
 from scaling.model import Transformer
@@ -54,6 +54,8 @@ class ProgramShape:
     mask_id: int | None = None
     random_token_limit: int | None = None
     label_ids: tuple[int, int] | None = None
+    # The parametrization's model-side scales (initialisation, attention, residual branches, output).
+    multipliers: parametrization.Multipliers = parametrization.Multipliers()
 
     @classmethod
     def of(cls, config: TrainConfig, *, mask_id: int | None = None, random_token_limit: int | None = None,
@@ -63,7 +65,8 @@ class ProgramShape:
                    grouped=optim_lib.grouped(config.optim, config.model), rules=config.mesh.rules,
                    batch_size=config.batch_size, seq_len=config.data.seq_len, microbatches=config.microbatches,
                    mask_id=mask_id, random_token_limit=random_token_limit,
-                   label_ids=None if label_ids is None else tuple(label_ids))
+                   label_ids=None if label_ids is None else tuple(label_ids),
+                   multipliers=parametrization.multipliers(config.optim, config.model))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +87,7 @@ class Program:
 def hyperparameters(config: TrainConfig) -> dict[str, np.ndarray]:
     """The numbers of ``config`` that its train step takes as an argument (numpy scalars): the seed's
     ``key`` (the per-step RNG of dropout and masking) and the optimizer's (``optim.hyperparameters``:
-    peak rates, schedule lengths in steps, weight decay)."""
+    peak rates, weight decays and epsilons per group, schedule lengths in steps)."""
     return {"key": np.asarray(jax.random.PRNGKey(config.seed)),
             **optim_lib.hyperparameters(config.optim, config.model, config.steps)}
 
@@ -125,7 +128,7 @@ def forget_programs() -> None:
 # A sweep trains the runs of one shape one after another (cheapest first), so a few programs suffice.
 @functools.lru_cache(maxsize=4)
 def _build(shape: ProgramShape, mesh) -> Program:
-    model = Transformer(shape.model)
+    model = Transformer(shape.model, multipliers=shape.multipliers)
     # Any run's numbers will do where only their shapes count (the optimizer state's structure, AOT specs).
     template = {"key": np.asarray(jax.random.PRNGKey(0)), **optim_lib.hyperparameters(shape.optim, shape.model, 1)}
     sample = jnp.zeros((1, shape.seq_len), jnp.int32)

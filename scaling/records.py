@@ -62,7 +62,9 @@ class RunRecord:
     written before ``train_seconds`` existed have None. ``point_id`` is the run id of the
     same config with the seed left out: runs that share it differ only by
     seed, so the analysis may pool them. ``peak_lr`` is the config's peak
-    learning rate (``lr_rule`` scales it per width), ``planned_steps`` the
+    learning rate (``lr_rule`` scales it per width: the config's
+    ``optim.lr_rule``, or ``parametrization=mup`` / ``parametrization=completep``
+    when a parametrization sets the rates), ``planned_steps`` the
     optimiser steps the config asks for (``steps``: those taken).
     """
 

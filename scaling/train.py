@@ -167,7 +167,7 @@ def _new_record(config: TrainConfig, run_dir: epath.Path) -> records.RunRecord:
         seed=config.seed, params_non_embedding=budget.non_embedding_params(config.model.depth, config.model.width),
         name=config.name, sweep=config.sweep_name, point_id=config_id(dataclasses.replace(config, seed=0)),
         heads=config.model.heads, **_param_counts(config),
-        lr_rule=config.optim.lr_rule, peak_lr=config.optim.peak_lr,
+        lr_rule=optim_lib.rule_name(config.optim), peak_lr=config.optim.peak_lr,
         peak_lr_hidden=optim_lib.learning_rates(config.optim, config.model)["hidden"],
         code_version=rundir.code_version(), tokens_per_step=config.batch_size * config.data.seq_len,
         planned_steps=config.steps)
