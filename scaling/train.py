@@ -52,7 +52,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, records, rundir
+from scaling import budget, cli, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, record_checks
+from scaling import records, rundir
 from scaling.checkpoints import Checkpoints, exit_now_if_abandoned
 from scaling.config import DataConfig, ModelConfig, TrainConfig, config_id, from_dict, override, to_dict
 from scaling.cpu_allocator import tune_cpu_allocator
@@ -97,7 +98,7 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
     stop = Stop() if stop is None else stop
     with contextlib.ExitStack() as resources:
         run_lease = resources.enter_context(_run_lease(run_dir))
-        finished = _finished_record(run_dir)
+        finished = _finished_record(run_dir, config_id(config))
         if finished is not None:
             return finished
         # Listen from the start: a preemption while the data loads or the step compiles stops the run too.
@@ -141,10 +142,11 @@ def _run_lease(run_dir: epath.Path):
             run_lease.release()
 
 
-def _finished_record(run_dir: epath.Path) -> records.RunRecord | None:
-    """The run's record if it already finished (process 0's reading, on every process), else None."""
+def _finished_record(run_dir: epath.Path, run_id: str) -> records.RunRecord | None:
+    """The run's record if it already finished (process 0's reading, on every process), else None.
+    A record that is not run ``run_id``'s, or whose final loss the metrics log does not hold, is not trusted."""
     try:
-        previous = records.read_record(run_dir)
+        previous = record_checks.read_checked_record(run_dir, run_id)
     except records.RecordError as error:
         print(f"warning: {error}; training the run again (resuming from its checkpoints)", file=sys.stderr)
         previous = None
@@ -201,7 +203,12 @@ class Outcome:
         except BaseException as error:
             if not (isinstance(error, LeaseLost) or self.stop.lease_lost):
                 log_file = rundir.log_failure(self.run_dir, error) if jax.process_index() == 0 else None
-                self.write(self.record.replace(status="failed", error=rundir.one_line(error), log_file=log_file))
+                # For the command line's one line: the traceback's file, only if it was written.
+                error.error_log = str(self.run_dir / log_file) if log_file else None
+                try:
+                    self.write(self.record.replace(status="failed", error=rundir.one_line(error), log_file=log_file))
+                except Exception:  # noqa: BLE001 - a directory that takes no record must not hide the first error
+                    pass
             raise
 
     def write(self, record: records.RunRecord) -> None:
@@ -506,8 +513,14 @@ def _run_command(config: TrainConfig, args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - the traceback is in the run's error.log
-        where = rundir.absolute_path(args.workdir) / "error.log"
-        print(f"error: run failed: {rundir.one_line(error)} (traceback in {where})", file=sys.stderr)
+        # Name error.log only if this failure's traceback was written there (Outcome.recorded says).
+        if getattr(error, "error_log", None):
+            where = f"traceback in {error.error_log}"
+        elif hasattr(error, "error_log"):
+            where = f"no error.log: {args.workdir} could not be written"
+        else:
+            where = f"failed before anything was recorded in {args.workdir}"
+        print(f"error: run failed: {rundir.one_line(error)} ({where})", file=sys.stderr)
         return 1
     if jax.process_index() == 0:
         print(json.dumps({k: getattr(result, k) for k in ("status", "name", "final_eval_loss", "steps", "tokens",
