@@ -413,7 +413,7 @@ class Training:
         """Checkpoint the state at ``step`` (after reading the lease and writing the metrics up to it)."""
         stop = self.parts.stop
         stop.check_lease(read_now=True)
-        self.parts.tracker.flush(through_step=step)
+        self.parts.tracker.flush(through_step=step, wait=True)  # a resume from this step finds every row before it
         self.meta["wall_seconds"] = self.wall_seconds()
         with self.checkpoint_errors():
             self.parts.checkpoints.save(step, self.state, self.meta, force=force)
