@@ -9,7 +9,12 @@ gcsfs, part of the ``tpu`` extra):
   of an older schema version is refused with the command that upgrades it).
   Only ``finished`` runs enter the table; the others are listed per shape in
   ``RunTable.unfinished``. A record copied into a second directory has the
-  same ``run_id`` and is counted once.
+  same ``run_id`` and is counted once; two records of one ``run_id`` whose
+  results or data differ are refused, as two CSV rows would be. A record
+  that cannot be trusted (``scaling.record_checks``) is left out and named
+  in ``RunTable.notes``: one in a directory named after another run id (a
+  ``result.json`` copied over another run's), or a finished one whose
+  ``final_eval_loss`` is not its metrics log's last evaluation.
 * a CSV with the columns ``depth, width, params, seed, loss`` and optionally
   ``peak_lr``, ``steps``, ``lr_rule`` and ``data_fingerprint``. Repeated
   identical rows are collapsed (and said so); two rows for the same run with
@@ -41,6 +46,7 @@ import pandas as pd
 from etils import epath
 
 from analysis.errors import AnalysisInputError
+from scaling import record_checks
 from scaling import records as run_records
 
 CSV_COLUMNS = ("depth", "width", "params", "seed", "loss")
@@ -166,10 +172,33 @@ def _read_sweep_dir(directory: epath.Path, root: str):
         except (run_records.RecordError, run_records.OutdatedRecord) as error:  # bad data, not a partial write
             raise AnalysisInputError(str(error)) from None
         parsed.append((str(file), record))
+    parsed, untrusted = _trusted(parsed)
+    notes += [f"{file}: skipped, {problem}" for file, problem in untrusted]
     frame, skipped, unfinished, more_notes = _rows_from_records(parsed, root)
     if unreadable:
         skipped["unreadable record"] = unreadable
+    if untrusted:
+        skipped["untrusted record"] = len(untrusted)
     return frame, skipped, unfinished, notes + more_notes
+
+
+def _trusted(parsed):
+    """(the records that can be trusted, [(file, problem)] of those that cannot): another run's record
+    in a run directory, a final loss its metrics log does not hold (``scaling.record_checks``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def problem(item):
+        file, record = item
+        run_dir = posixpath.dirname(file)
+        try:
+            return record_checks.directory_problem(record, run_dir) or record_checks.metrics_problem(record, run_dir)
+        except OSError:  # the metrics log cannot be read: nothing to judge by
+            return None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:  # one or two requests per record on an object store
+        problems = list(pool.map(problem, parsed))
+    kept = [item for item, found in zip(parsed, problems) if not found]
+    return kept, [(item[0], found) for item, found in zip(parsed, problems) if found]
 
 
 def _rows_from_records(parsed, root: str):
@@ -177,12 +206,18 @@ def _rows_from_records(parsed, root: str):
     skipped, notes = collections.Counter(), []
     seen: dict[str, str] = {}
     rows, unfinished = [], []
+    first: dict[str, run_records.RunRecord] = {}
     for file, record in parsed:
         if record.run_id in seen:
+            difference = _difference(first[record.run_id], record)
+            if difference:
+                raise AnalysisInputError(
+                    f"{root}: {seen[record.run_id]} and {file} are records of one run ({record.run_id}) with "
+                    f"different {difference}; keep the one that is right (or rerun the run)")
             skipped["duplicate run_id"] += 1
             notes.append(f"{file}: same run_id {record.run_id} as {seen[record.run_id]}; counted once")
             continue
-        seen[record.run_id] = file
+        seen[record.run_id], first[record.run_id] = file, record
         name = record.name or posixpath.basename(posixpath.dirname(file))
         if record.status != "finished":
             skipped[record.status] += 1
@@ -201,6 +236,18 @@ def _rows_from_records(parsed, root: str):
     frame = pd.DataFrame(rows)
     columns = ["depth", "width", "seed", "status", "name"]
     return frame[list(RUN_COLUMNS)], dict(skipped), pd.DataFrame(unfinished, columns=columns), notes
+
+
+def _difference(one: run_records.RunRecord, other: run_records.RunRecord) -> str:
+    """What two records of one run_id disagree on, among what the analysis uses ("" if nothing): a copy is
+    counted once, but two different results of one run cannot both be right."""
+    differ = [name for name in ("status", "data_fingerprint", "planned_steps", "steps")
+              if getattr(one, name) != getattr(other, name)]
+    losses = (one.final_eval_loss, other.final_eval_loss)
+    if (None in losses and losses[0] != losses[1]) or (
+            None not in losses and not math.isclose(*losses, rel_tol=record_checks.RELATIVE_TOLERANCE)):
+        differ.append(f"final_eval_loss ({losses[0]} and {losses[1]})")
+    return ", ".join(differ)
 
 
 def _setting_key(row) -> tuple:

@@ -1,6 +1,6 @@
-"""Requests and bytes a training run sends to a bucket: before and after issue 26's changes.
+"""Requests and bytes a training run sends to a bucket (issue 26), and what a slow bucket costs it (issue 41).
 
-    python benchmarks/bucket_io.py [--steps 50] [--metrics-steps 1000]
+    python benchmarks/bucket_io.py [--steps 50] [--metrics-steps 1000] [--delay-ms 200] [--only slow-bucket]
 
 Starts fake-gcs-server (the dev extra's bundled binary, as the tests do) with
 a counting HTTP proxy in front of it (tests/gcs_emulator.py), points every
@@ -22,6 +22,16 @@ reaches it:
    (read with ``git show``, run unchanged), which rewrites the whole
    ``metrics.jsonl`` at every flush. *After*: the current tracker (one new
    object per flush). Printed: bytes of upload bodies and upload requests.
+3. **A slow bucket** (issue 41, item 13). A micro run (depth 1, width 32, 200
+   steps, log every 10, evaluation and checkpoint every 50) trains into a
+   gs:// run directory in this process, first through the proxy as it is,
+   then with ``--delay-ms`` added to every request (a slow or distant
+   bucket), then as it is again (the first run compiles). Printed per run:
+   the training loop's seconds per step (from the first step's return, after
+   compilation, to the loop's end: steps, metrics, evaluations, checkpoints
+   and lease checks), the run's wall seconds, and requests sent. Only the
+   waits that must be durable are in the loop: metrics rows before each
+   checkpoint, the checkpoint's synchronous part, the lease read before it.
 """
 
 from __future__ import annotations
@@ -89,10 +99,50 @@ def parent_tracker_class():
     return module.Tracker
 
 
+def slow_bucket_run(proxy, run_dir: str, delay_s: float) -> dict:
+    """Train the micro run into ``run_dir`` with ``delay_s`` added per request: loop seconds per step, wall
+    seconds of the run, requests."""
+    import dataclasses
+
+    from scaling import train
+    from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+    from scaling.track import Tracker
+
+    config = TrainConfig(model=ModelConfig(depth=1, width=32, head_dim=16, max_seq_len=32),
+                         data=DataConfig(source="builtin", seq_len=32), optim=OptimConfig(peak_lr=3e-3, warmup_steps=2),
+                         steps=200, batch_size=8, eval_every=50, eval_batches=1, checkpoint_every=50, log_every=10,
+                         keep_checkpoints=3, wandb_mode="disabled", name="slow-bucket")
+    config = dataclasses.replace(config, eval_at_start=False)
+    times = {}
+    advance, loop = Tracker.advance, train.Training.train
+
+    def first_advance(self, steps=1):
+        times.setdefault("first_step", time.perf_counter())
+        return advance(self, steps)
+
+    def timed_loop(self):
+        try:
+            return loop(self)
+        finally:
+            times["loop_end"] = time.perf_counter()
+
+    Tracker.advance, train.Training.train = first_advance, timed_loop
+    proxy.delay, requests = delay_s, len(proxy.requests)
+    try:
+        record = train.run(config, run_dir, show_progress=False)
+    finally:
+        Tracker.advance, train.Training.train, proxy.delay = advance, loop, 0.0
+    return {"step_s": (times["loop_end"] - times["first_step"]) / (config.steps - 1), "wall_s": record.wall_seconds,
+            "requests": len(proxy.requests) - requests}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="training batches drawn from the token cache")
     parser.add_argument("--metrics-steps", type=int, default=1000, help="steps logged, log_every=1")
+    parser.add_argument("--delay-ms", type=float, default=200.0, help="milliseconds added to each storage request "
+                                                                       "in the slow-bucket runs")
+    parser.add_argument("--only", choices=["slow-bucket"], help="run only this part")
     args = parser.parse_args(argv)
 
     from gcs_emulator import Emulator, FaultProxy
@@ -110,6 +160,9 @@ def main(argv=None) -> int:
             storage.use_emulator()
             server.create_bucket("bench")
             bucket = "gs://bench"
+            if args.only == "slow-bucket":
+                print_slow_bucket(proxy, bucket, args.delay_ms)
+                return 0
             from scaling import token_cache
             from scaling.config import DataConfig
 
@@ -137,10 +190,22 @@ def main(argv=None) -> int:
                   f"{old_requests} uploads")
             print(f"  after (one new object per flush):                 {new_bytes:,} bytes in "
                   f"{new_requests} uploads")
+            print_slow_bucket(proxy, bucket, args.delay_ms)
         finally:
             proxy.close()
             server.stop()
     return 0
+
+
+def print_slow_bucket(proxy, bucket: str, delay_ms: float) -> None:
+    """Part 3: the micro run without, with, and again without the delay."""
+    runs = [("as it is (compiles)", 0.0), (f"+{delay_ms:g} ms per request", delay_ms / 1000), ("as it is", 0.0)]
+    results = [(label, slow_bucket_run(proxy, f"{bucket}/slow-{i}", delay)) for i, (label, delay) in enumerate(runs)]
+    print("slow bucket (depth 1, width 32, 200 steps, log every 10, eval + checkpoint every 50, gs://):")
+    for label, result in results:
+        print(f"  {label:<28} {1000 * result['step_s']:7.1f} ms/step in the loop, run {result['wall_s']:5.1f} s, "
+              f"{result['requests']} requests")
+    print(f"  loop time with the delay / without: {results[1][1]['step_s'] / results[2][1]['step_s']:.2f}x")
 
 
 if __name__ == "__main__":

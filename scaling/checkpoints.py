@@ -19,6 +19,10 @@ and ``meta`` (JSON: the wandb id, the initial eval loss, wall and training secon
   Ctrl-C) while it waits abandons the write at once. An abandoned write's
   thread cannot be cancelled, so the command-line entry points then end
   the process without waiting for it (``abandoned_writes``).
+- With the run's lease (``lease=``), a step is written in the holder's own
+  folder and moved into ``checkpoints/`` only while the lease is still held
+  (``leased_commit.py``): a holder paused mid-write that lost the lease never
+  lands a checkpoint in the run another process now owns.
 - ``restore_newest`` tries checkpoints from the newest down and uses the
   first that reads back whole; damaged newer ones are reported and moved to
   ``<run dir>/checkpoints-set-aside/`` (they would otherwise block saving
@@ -41,6 +45,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from scaling import leased_commit
 from scaling.rundir import one_line
 from scaling.storage import move_folder, write_atomic
 
@@ -118,7 +123,7 @@ class Checkpoints:
     """The checkpoints of one run in ``directory`` (absolute local path or URI)."""
 
     def __init__(self, directory, keep: int, abstract_state, *, write_timeout: float | None = None,
-                 should_stop=lambda: False):
+                 should_stop=lambda: False, lease=None):
         self.directory = epath.Path(directory)
         self.abstract_state = abstract_state
         self.write_timeout = default_write_timeout() if write_timeout is None else write_timeout
@@ -127,11 +132,24 @@ class Checkpoints:
         self._saved_once = False
         self._unraisable_hook = None  # set while noise from failed reads is filtered
         self.check_writable()
+        path_class, self._lease_token = None, None if lease is None else lease.token
+        if lease is not None:  # steps written privately, moved into the run only while the lease is held
+            def still_held() -> bool:
+                held = lease.still_held()
+                lease.lost = lease.lost or not held  # the run is not ours: write nothing more to it
+                return held
+
+            path_class = leased_commit.leased_path_class(self.directory, lease.token, still_held)
+            if jax.process_index() == 0:
+                leased_commit.remove_others_pending(self.directory, lease.token)
         try:
             self.manager = ocp.CheckpointManager(
                 self.directory,
-                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                     enable_async_checkpointing=True),
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=keep, create=True, enable_async_checkpointing=True, temporary_path_class=path_class,
+                    # orbax would remove a step's existing folder when a save starts; with the lease the commit
+                    # does that, after reading the lease (a paused holder must not delete its successor's step)
+                    file_options=ocp.options.FileOptions(skip_sync_file_validations=path_class is not None)),
                 item_names=("state", "meta"))
         except Exception as error:  # noqa: BLE001 - orbax raises many kinds; the user needs one line
             raise CheckpointError(f"cannot use checkpoint directory {self.directory}: {one_line(error)}") from None
@@ -305,12 +323,22 @@ class Checkpoints:
 
     def close(self) -> None:
         """Release orbax's threads (safe after a failure; never raises; skipped after an abandoned write,
-        which it would wait for)."""
+        which it would wait for). Closing waits for a write still under way: at most ``write_timeout``
+        seconds, in a helper thread, after which the write counts as abandoned (``abandoned_writes``)."""
         if str(self.directory) not in _abandoned:
-            try:
-                self.manager.close()
-            except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
-                pass
+            def close_manager():
+                try:
+                    self.manager.close()  # waits for the background write, with no limit of its own
+                except Exception:  # noqa: BLE001 - closing after a failed write must not mask the first error
+                    pass
+
+            closer = threading.Thread(target=close_manager, name="checkpoint-close", daemon=True)
+            closer.start()
+            closer.join(self.write_timeout)
+            if closer.is_alive():
+                _abandoned.append(str(self.directory))
+            elif self._lease_token is not None and jax.process_index() == 0:
+                leased_commit.tidy(self.directory, self._lease_token)
         if self._unraisable_hook is not None:
             sys.unraisablehook = self._unraisable_hook
             threading.excepthook = self._thread_hook

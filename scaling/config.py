@@ -408,7 +408,11 @@ def override(config, assignments: list[str]):
         if isinstance(node.get(leaf), dict):
             raise ValueError(f"override {key!r}: {key} is a config section; set one of its fields, "
                              f"e.g. {key}.{next(iter(node[leaf]))}=...")
-        node[leaf] = _parse(text, node.get(leaf))
+        current, value = node.get(leaf), _parse(text, node.get(leaf))
+        if isinstance(value, bool) and isinstance(current, (int, float)) and not isinstance(current, bool):
+            # pydantic would read true as 1: a flag given to a number field is a mistake, not a count
+            raise ValueError(f"override {key}={text}: {key} is a number (now {current}), not true/false")
+        node[leaf] = value
     return from_dict(type(config), data)
 
 

@@ -10,6 +10,13 @@
   run can resume.
 - ``LeaseLost``: another launcher judged this process dead and took the run
   over; this process stops writing to the run at once.
+- A stop ends in bounded time: from a SIGTERM, the process has
+  ``stop_grace_seconds()`` (``SCALING_STOP_GRACE_SECONDS``, default 25 s;
+  a preempted TPU VM gets about 30 s, SLURM's default KillWait is 30 s) to
+  save, record and exit. Storage that does not answer (a bucket outage, a
+  write that hangs) must not keep it past that: the process then says so in
+  one line and ends with ``PREEMPTED_EXIT_CODE``, without the checkpoint and
+  record of the stop; a rerun resumes from the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +33,17 @@ import numpy as np
 from scaling.checkpoints import WriteAbandoned
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the sweep relaunch loop keys on it
+STOP_GRACE_SECONDS = 25.0  # within a preempted TPU VM's ~30 s notice and SLURM's default KillWait of 30 s
+
+
+def stop_grace_seconds() -> float:
+    """Seconds a process may take to end after SIGTERM: ``SCALING_STOP_GRACE_SECONDS`` if set (0 or less: no
+    limit), else ``STOP_GRACE_SECONDS``."""
+    text = os.environ.get("SCALING_STOP_GRACE_SECONDS")
+    try:
+        return float(text) if text else STOP_GRACE_SECONDS
+    except ValueError:
+        raise ValueError(f"SCALING_STOP_GRACE_SECONDS={text!r}: expected a number of seconds") from None
 
 
 class Preempted(Exception):
@@ -41,9 +59,11 @@ class Stop:
 
     - ``listening()``: while inside, SIGTERM and SIGINT (Ctrl-C) set ``signal``
       (their name); a second Ctrl-C ends the process at once (status 130),
-      saving nothing more. Nested ``listening`` blocks install the handlers
-      once. Outside the main thread, where Python cannot install handlers,
-      nothing is listened for.
+      saving nothing more. SIGTERM also starts the grace period (see the
+      module): if the outermost ``listening`` block is still open when it
+      runs out, the process ends at once with ``PREEMPTED_EXIT_CODE``.
+      Nested ``listening`` blocks install the handlers once. Outside the
+      main thread, where Python cannot install handlers, nothing is listened for.
     - ``watching(lease)``: ``check_lease`` raises ``LeaseLost`` once the
       lease (``scaling.lease.Lease``, or None) is taken over.
     - ``agreed(step)``: whether to stop after ``step``, the same answer on
@@ -56,6 +76,7 @@ class Stop:
         self.lease = None
         self._check = StopCheck(0)
         self._listeners = 0
+        self._deadline: threading.Timer | None = None  # ends the process once the grace period is over
 
     @property
     def requested(self) -> bool:
@@ -74,6 +95,8 @@ class Stop:
                 os.write(2, b"interrupted again: exiting now, without waiting for the checkpoint\n")
                 os._exit(130)
             self.signal = signal.Signals(number).name
+            if number == signal.SIGTERM:
+                self._start_grace_period()
 
         previous = {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)}
         self._listeners += 1
@@ -83,6 +106,26 @@ class Stop:
             self._listeners -= 1
             for number, old in previous.items():
                 signal.signal(number, old)
+            if self._deadline is not None:  # ended in time (what follows is bounded: see Checkpoints.close)
+                self._deadline.cancel()
+                self._deadline = None
+
+    def _start_grace_period(self) -> None:
+        """After SIGTERM: end the process in ``stop_grace_seconds()`` unless the stop has ended by then."""
+        grace = stop_grace_seconds()
+        if self._deadline is not None or grace <= 0:
+            return
+
+        def expire():
+            os.write(2, (f"stopped by {self.signal}: not ended within {grace:g} s of the signal "
+                         "(SCALING_STOP_GRACE_SECONDS; storage slow or unreachable?); exiting now without the "
+                         "checkpoint and record of this stop; a rerun resumes from the last complete "
+                         "checkpoint\n").encode())
+            os._exit(PREEMPTED_EXIT_CODE)
+
+        self._deadline = threading.Timer(grace, expire)
+        self._deadline.daemon = True
+        self._deadline.start()
 
     @contextlib.contextmanager
     def watching(self, lease):

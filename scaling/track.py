@@ -21,6 +21,7 @@ from etils import epath
 from scaling import progress
 from scaling.metrics_log import MetricsLog
 from scaling.storage import is_remote
+from scaling.write_behind import WriteBehind, wait_seconds
 
 
 def wandb_mode(requested: str) -> str:
@@ -59,6 +60,11 @@ class Tracker:
     back so that what the resumed run logs at S merges into it; a fresh start
     (``keep_until_step=None``) clears the file. Non-finite values are written
     as null, so the file is strict JSON.
+
+    On object stores the rows are uploaded behind the training loop
+    (``write_behind.py``), in order; ``flush(wait=True)`` and ``close`` wait
+    for them (at most ``wait_seconds()``): before a checkpoint and before the
+    run's record. Local files are appended to at once.
     """
 
     def __init__(self, run_dir, *, total_steps: int, start_step: int, config: dict, name: str,
@@ -70,6 +76,7 @@ class Tracker:
         self._log = MetricsLog(self.run_dir)
         self._rows: dict[int, dict] = {}  # step -> merged metrics not yet written
         self._local = not is_remote(run_dir)  # gs://, s3://, memory:// ... are object stores
+        self._writer = None if self._local or not is_main_process else WriteBehind("metrics-writer")
         self.wandb_run = None
         self.wandb_id = wandb_id
         self.mode = wandb_mode(mode)
@@ -132,16 +139,26 @@ class Tracker:
             self.bar.close()
             self.bar = None
 
-    def flush(self, through_step: int | None = None) -> None:
-        """Write the rows of steps up to ``through_step`` (all rows if None) to ``metrics.jsonl``."""
+    def flush(self, through_step: int | None = None, *, wait: bool = False) -> None:
+        """Write the rows of steps up to ``through_step`` (all rows if None) to the metrics log; on object
+        stores in the background, and with ``wait`` until they are written (``write_behind.WriteFailed``
+        if that fails or takes longer than ``wait_seconds()``)."""
         steps = sorted(s for s in self._rows if through_step is None or s <= through_step)
-        if not steps:
+        rows = [{"step": s, **{k: _json_value(v) for k, v in self._rows.pop(s).items()}} for s in steps]
+        if self._writer is None:
+            self._log.append(rows)
             return
-        self._log.append([{"step": s, **{k: _json_value(v) for k, v in self._rows.pop(s).items()}} for s in steps])
+        if rows:
+            self._writer.submit(f"metrics rows of steps {steps[0]}-{steps[-1]} in {self.run_dir}",
+                                lambda: self._log.append(rows))
+        if wait:
+            self._writer.wait(wait_seconds())
 
     def discard_pending(self) -> None:
         """Drop rows not yet written (this process no longer owns the run's files)."""
         self._rows.clear()
+        if self._writer is not None:
+            self._writer.discard()
 
     def pending(self, step: int) -> dict:
         """The metrics logged at ``step`` and not yet written (a copy; empty if none)."""
@@ -154,9 +171,10 @@ class Tracker:
                 self.wandb_run.summary[key] = _plain(value)
 
     def close(self, exit_code: int = 0) -> None:
-        """Write every pending row and finish the wandb run (safe to call twice, and after a failure)."""
+        """Write every pending row, wait for them, and finish the wandb run (safe to call twice, and after a
+        failure)."""
         try:
-            self.flush()
+            self.flush(wait=True)
         finally:
             if self.bar is not None:
                 self.bar.close()

@@ -59,8 +59,9 @@ import jax
 import numpy as np
 from etils import epath
 
-from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, records, rundir
-from scaling.checkpoints import Checkpoints
+from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, record_checks
+from scaling import records, rundir
+from scaling.checkpoints import CheckpointError, Checkpoints
 from scaling.config import TrainConfig, config_id, to_dict
 from scaling.flops import model_flops_utilization
 from scaling.program import Program, build, evaluate, evaluate_metrics, hyperparameters
@@ -94,12 +95,13 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
     rundir.check_run_dir(run_dir, config)
     stop = Stop() if stop is None else stop
     with contextlib.ExitStack() as resources:
+        # Listen from the start: a preemption while the data loads or the step compiles stops the run too;
+        # and first, so that the stop's grace period (stopping.py) also bounds releasing the lease.
+        resources.enter_context(stop.listening())
         run_lease = resources.enter_context(_run_lease(run_dir))
-        finished = _finished_record(run_dir)
+        finished = _finished_record(run_dir, config_id(config))
         if finished is not None:
             return finished
-        # Listen from the start: a preemption while the data loads or the step compiles stops the run too.
-        resources.enter_context(stop.listening())
         resources.enter_context(stop.watching(run_lease))
         started = time.perf_counter()  # wall seconds: the whole run, loading the data included
         outcome = resources.enter_context(Outcome(run_dir, _new_record(config, run_dir), stop).recorded())
@@ -110,10 +112,11 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         outcome.record = outcome.record.replace(**_param_counts(config))
         program = _program_for(config, pipeline, devices)
         checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state,
-                                  should_stop=lambda: stop.requested)
+                                  should_stop=lambda: stop.requested, lease=run_lease)
         resources.callback(checkpoints.close)
         start = _restore_or_init(checkpoints, program, config.seed, run_dir.name)
-        tracker = resources.enter_context(_closed_on_error(_open_tracker(config, run_dir, start, show_progress)))
+        tracker = resources.enter_context(_closed_on_error(_open_tracker(config, run_dir, start, show_progress),
+                                                           stop))
         training = Training(Parts(config, program, pipeline, checkpoints, tracker, stop), start, started)
         training.train()
         record = training.finish(outcome.record)
@@ -139,10 +142,11 @@ def _run_lease(run_dir: epath.Path):
             run_lease.release()
 
 
-def _finished_record(run_dir: epath.Path) -> records.RunRecord | None:
-    """The run's record if it already finished (process 0's reading, on every process), else None."""
+def _finished_record(run_dir: epath.Path, run_id: str) -> records.RunRecord | None:
+    """The run's record if it already finished (process 0's reading, on every process), else None.
+    A record that is not run ``run_id``'s, or whose final loss the metrics log does not hold, is not trusted."""
     try:
-        previous = records.read_record(run_dir)
+        previous = record_checks.read_checked_record(run_dir, run_id)
     except records.RecordError as error:
         print(f"warning: {error}; training the run again (resuming from its checkpoints)", file=sys.stderr)
         previous = None
@@ -199,7 +203,12 @@ class Outcome:
         except BaseException as error:
             if not (isinstance(error, LeaseLost) or self.stop.lease_lost):
                 log_file = rundir.log_failure(self.run_dir, error) if jax.process_index() == 0 else None
-                self.write(self.record.replace(status="failed", error=rundir.one_line(error), log_file=log_file))
+                # For the command line's one line: the traceback's file, only if it was written.
+                error.error_log = str(self.run_dir / log_file) if log_file else None
+                try:
+                    self.write(self.record.replace(status="failed", error=rundir.one_line(error), log_file=log_file))
+                except Exception:  # noqa: BLE001 - a directory that takes no record must not hide the first error
+                    pass
             raise
 
     def write(self, record: records.RunRecord) -> None:
@@ -254,13 +263,13 @@ def _open_tracker(config: TrainConfig, run_dir: epath.Path, start: Start, show_p
 
 
 @contextlib.contextmanager
-def _closed_on_error(tracker: Tracker):
+def _closed_on_error(tracker: Tracker, stop: Stop):
     """Close ``tracker`` if the block raises (exit code ``PREEMPTED_EXIT_CODE`` after a stop, else 1);
     after a lost lease without writing what is pending, since the run's files are another's now."""
     try:
         yield tracker
     except BaseException as error:
-        if isinstance(error, LeaseLost):
+        if isinstance(error, LeaseLost) or stop.lease_lost:
             tracker.discard_pending()
         tracker.close(exit_code=PREEMPTED_EXIT_CODE if isinstance(error, Preempted) else 1)
         raise
@@ -412,19 +421,35 @@ class Training:
             return
         if self.saved_step != done:  # a second save of the same step would fail
             self.save(done, force=True)
-        with stop.write_abandoned_means_stop():
-            self.parts.checkpoints.finish()
+        self.wait_for_writes()
         raise stop.preempted(f"after step {done}; checkpoint saved")
 
     def save(self, step: int, force: bool = False) -> None:
         """Checkpoint the state at ``step`` (after reading the lease and writing the metrics up to it)."""
         stop = self.parts.stop
         stop.check_lease(read_now=True)
-        self.parts.tracker.flush(through_step=step)
+        self.parts.tracker.flush(through_step=step, wait=True)  # a resume from this step finds every row before it
         self.meta["wall_seconds"], self.meta["train_seconds"] = self.wall_seconds(), self.train_seconds()
-        with stop.write_abandoned_means_stop():
+        with self.checkpoint_errors():
             self.parts.checkpoints.save(step, self.state, self.meta, force=force)
         self.saved_step = step
+
+    def wait_for_writes(self) -> None:
+        """Wait for the checkpoint writes under way (``CheckpointError`` if one failed)."""
+        with self.checkpoint_errors():
+            self.parts.checkpoints.finish()
+
+    @contextlib.contextmanager
+    def checkpoint_errors(self):
+        """A write given up on after a stop is ``Preempted``; one refused because the lease was lost
+        (``leased_commit.py``) is ``LeaseLost``."""
+        stop = self.parts.stop
+        try:
+            with stop.write_abandoned_means_stop():
+                yield
+        except CheckpointError:
+            stop.check_lease()
+            raise
 
     def wall_seconds(self) -> float:
         """Seconds of wall clock of every segment so far, this one included."""
@@ -454,7 +479,7 @@ class Training:
                 self.save(steps_done, force=True)
             if not math.isfinite(self.eval_loss):
                 self.status, accuracy = "diverged", {}
-        self.parts.checkpoints.finish()
+        self.wait_for_writes()
         return record.replace(
             status=self.status, final_eval_loss=self.eval_loss if self.status == "finished" else None,
             initial_eval_loss=self.meta["initial_eval_loss"], final_train_loss=self.last_loss, steps=steps_done,

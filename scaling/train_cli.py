@@ -115,8 +115,14 @@ def _run_command(config: TrainConfig, args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - the traceback is in the run's error.log
-        where = rundir.absolute_path(args.workdir) / "error.log"
-        print(f"error: run failed: {rundir.one_line(error)} (traceback in {where})", file=sys.stderr)
+        # Name error.log only if this failure's traceback was written there (Outcome.recorded says).
+        if getattr(error, "error_log", None):
+            where = f"traceback in {error.error_log}"
+        elif hasattr(error, "error_log"):
+            where = f"no error.log: {args.workdir} could not be written"
+        else:
+            where = f"failed before anything was recorded in {args.workdir}"
+        print(f"error: run failed: {rundir.one_line(error)} ({where})", file=sys.stderr)
         return 1
     if jax.process_index() == 0:
         # wall_seconds: the whole run; train_seconds: its steps alone, compiling excluded (records.RunRecord)

@@ -37,15 +37,16 @@ class RunState(collections.namedtuple("RunState", "spec status checkpoint_step r
 def read_state(run: RunSpec, workdir) -> RunState:
     """The run's status from its directory, without importing the trainer or starting JAX.
 
-    A record that cannot be read gives status ``unreadable`` (with the reason
-    in ``record["error"]``); ``run`` trains such a run again, resuming from
+    A record that cannot be read, or cannot be trusted (``scaling.record_checks``:
+    another run's record, a final loss the metrics log does not hold) gives status
+    ``unreadable`` (with the reason in ``record["error"]``); ``run`` trains such a run again, resuming from
     its checkpoints, and the others are unaffected.
     """
-    from scaling import records
+    from scaling import record_checks, records
 
     run_dir = run.run_dir(workdir)
-    try:
-        found = records.read_record(run_dir)
+    try:  # a record of another run, or with a final loss its metrics log does not hold, counts as damaged
+        found = record_checks.read_checked_record(run_dir, run.run_id)
         record = dataclasses.asdict(found) if found is not None else None
         status = found.status if found is not None else None
     except records.RecordError as error:

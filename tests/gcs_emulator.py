@@ -11,7 +11,8 @@ matching request's reply (``drop_reply``: the request reaches the storage
 and takes effect, the client sees the connection close), close every
 connection unanswered (``unreachable``: storage down for a while) or hold
 matching requests (``hang_when``: storage that never answers). It also
-counts requests and upload bytes. Clients are pointed at it through
+counts requests and upload bytes, and can add a delay to every request
+(``delay``, seconds: a slow or distant bucket). Clients are pointed at it through
 ``STORAGE_EMULATOR_HOST``, exactly as at the emulator.
 """
 
@@ -114,6 +115,7 @@ class FaultProxy:
     def __init__(self, target: str):
         self.target = target.split("://", 1)[1]
         self.hang_when = None
+        self.delay = 0.0  # seconds added before each request is forwarded (requests are delayed in parallel)
         self.held = 0
         self.unreachable = False
         self.refused = 0
@@ -147,6 +149,8 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if proxy.delay:
+                    time.sleep(proxy.delay)
                 held = False
                 while proxy.hang_when is not None and proxy.hang_when(self.command, urllib.parse.unquote(self.path)):
                     if not held:

@@ -29,6 +29,8 @@ def main() -> None:
         log(self, at_step, metrics)
         if not paused and at_step >= step and run in ("", self.run_dir.name):
             paused.append(at_step)
+            if self._writer is not None:  # rows uploaded behind the loop (gs://): written before the pause
+                self._writer.wait(600)
             pause_file.touch()
             deadline = time.time() + 600
             while pause_file.exists() and time.time() < deadline:

@@ -114,7 +114,7 @@ def test_single_depth_is_refused(tmp_path):
 
 
 # The JAX-free modules that read what runs leave behind: records, their metrics and the storage under them.
-RECORD_READERS = ("scaling.records", "scaling.metrics_log", "scaling.storage")
+RECORD_READERS = ("scaling.records", "scaling.record_checks", "scaling.metrics_log", "scaling.storage")
 
 
 def test_analysis_reads_records_only():

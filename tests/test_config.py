@@ -67,6 +67,8 @@ def test_overrides_are_typed_and_validated():
     ("model=3", "model is a config section"),
     ("model.depth.x=3", "'depth' is not a config section"),
     ("depth", "must look like key=value"),
+    ("steps=true", "steps is a number"),  # pydantic alone would read it as 1
+    ("optim.peak_lr=false", "optim.peak_lr is a number"),
 ])
 def test_bad_overrides_name_the_field_in_one_line(assignment, message):
     with pytest.raises(ValueError) as error:

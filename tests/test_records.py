@@ -132,7 +132,7 @@ def test_find_records_lists_every_depth_in_the_callers_form(tmp_path, monkeypatc
 
 
 def test_records_import_without_jax():
-    code = "import sys, scaling.records, scaling.lease; assert 'jax' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, scaling.records, scaling.record_checks, scaling.lease; assert 'jax' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), check=True)
 
 

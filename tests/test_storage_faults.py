@@ -83,14 +83,16 @@ def test_storage_unreachable_for_a_few_seconds_mid_run_is_retried_not_fatal(gcs,
 
 
 def _hanging_checkpoints(proxy: FaultProxy, run_dir: str):
-    """Make the proxy hold every request for the run's checkpoint objects (JSON API or upload)."""
+    """Make the proxy hold every request for the run's checkpoint objects (JSON API or upload), those being
+    written in the holder's pending folder (checkpoints-pending/, scaling/leased_commit.py) included."""
     bucket, _, prefix = run_dir[len("gs://"):].partition("/")
-    marker = f"{prefix}/checkpoints/"
+    marker = f"{prefix}/checkpoints"
 
     proxy.hang_when = lambda method, path: marker in path
 
 
-# A checkpoint every 2 steps: the storage stops answering after step 2's, so step 4's hangs.
+# A checkpoint every 2 steps: the storage stops answering after step 2's, so step 4's write hangs (in the
+# background, while training goes on) and step 6's save, which waits for it, gives up.
 HANGING = dict(checkpoint_every=2)
 
 
@@ -111,7 +113,7 @@ def test_storage_that_stops_answering_fails_the_checkpoint_in_bounded_time(gcs, 
         assert proc.returncode == 1, err[-3000:]
         lines = [line for line in err.splitlines() if line.startswith("error")]
         assert "Traceback" not in err and len(lines) == 1, err
-        assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint of step 4"), err
+        assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint of step 6"), err
         assert f"{run_dir}/checkpoints" in lines[0] and f"not finished after {limit} s" in lines[0]
         assert records.read_record(run_dir).status == "failed"
     finally:
@@ -138,5 +140,83 @@ def test_sigterm_during_a_hung_checkpoint_write_still_ends_the_run(gcs, gcs_emul
         assert "stopped by SIGTERM while waiting for a write that storage did not finish" in err
         record = records.read_record(run_dir)
         assert record.status == "stopped" and checkpoint_steps(run_dir) == [2]
+    finally:
+        proxy.close()
+
+
+def test_sigterm_while_storage_is_unreachable_ends_within_the_grace_period(gcs, gcs_emulator, tmp_path):
+    # Issue 41, item 1: storage goes away mid-run, then SIGTERM (a preemption gives ~30 s). Every write of
+    # the stop (metrics, lease, checkpoint, record) meets the outage and the clients retry for minutes;
+    # orbax's close would wait for its write with no limit. The process must end within the grace period.
+    grace = 5
+    proxy = FaultProxy(gcs_emulator.url)
+    try:
+        env = env_for(proxy.url, tmp_path, SCALING_STOP_GRACE_SECONDS=str(grace))
+        run_dir = f"{gcs}/outage-stop"
+        proc, pause = _paused_run(tiny.config(), run_dir, tmp_path, env, pause_step=5, stderr=subprocess.PIPE)
+        proxy.unreachable = True
+        pause.unlink()
+        tiny.wait_for(lambda: proxy.refused > 0, 60, proc)  # the run is meeting the outage now
+        time.sleep(1)
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert time.time() - sent < grace + 20, err[-3000:]
+        assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+        lines = [line for line in err.splitlines() if "SIGTERM" in line]
+        assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        assert lines[0].startswith(f"stopped by SIGTERM: not ended within {grace} s of the signal"), err[-3000:]
+        proxy.unreachable = False
+        assert checkpoint_steps(run_dir) == [4]  # what was complete before the outage is still there
+    finally:
+        proxy.close()
+
+
+def _objects(run_dir: str) -> dict[str, str]:
+    """Object name (relative to ``run_dir``) -> generation, of everything in the run but the holders' own
+    pending folders (scaling/leased_commit.py), listed afresh."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(run_dir)
+    fs.invalidate_cache()
+    found = fs.find(root, detail=True)
+    return {name[len(root) + 1:]: str(info.get("generation")) for name, info in found.items()
+            if not name[len(root) + 1:].startswith("checkpoints-pending/")}
+
+
+def test_a_paused_holders_in_flight_checkpoint_never_lands_after_it_lost_the_lease(gcs, gcs_emulator, tmp_path):
+    # Issue 41, item 2: holder A's checkpoint write is in flight (its requests held by the storage) when A is
+    # paused (SIGSTOP). B takes the stale lease over and trains the run to the end. Then A's requests go
+    # through and A resumes: nothing of A may land among the run's objects, which are B's now.
+    proxy = FaultProxy(gcs_emulator.url)
+    try:
+        run_dir = f"{gcs}/paused-holder"
+        proc, pause = _paused_run(tiny.config(), run_dir, tmp_path, env_for(proxy.url, tmp_path), pause_step=3,
+                                  stderr=subprocess.PIPE)
+        prefix = run_dir[len("gs://"):].partition("/")[2]
+        proxy.hang_when = lambda method, path: f"{prefix}/checkpoints" in path  # step 4's write hangs
+        pause.unlink()
+        tiny.wait_for(lambda: proxy.held > 0, 120, proc)
+        proc.send_signal(signal.SIGSTOP)  # A, paused with its write in flight
+        try:
+            taken = lease.Lease(run_dir, stale_seconds=0).acquire()  # as a launcher that finds A's lease stale
+            taken.release()
+            finished = tiny.run(tiny.config(), run_dir)  # B: the whole run
+            assert finished.status == "finished" and checkpoint_steps(run_dir) == [4, 8]
+            before = _objects(run_dir)
+            proxy.hang_when = None  # A's held requests reach the storage now
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and "took over this run's lease" in err, err[-3000:]
+        after = _objects(run_dir)
+        changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+        assert not changed, changed  # no object of the run created, rewritten or removed by A
+        assert records.read_record(run_dir) == finished and checkpoint_steps(run_dir) == [4, 8]
+        assert metric_steps(run_dir) == list(range(tiny.STEPS + 1))
     finally:
         proxy.close()
