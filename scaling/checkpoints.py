@@ -319,9 +319,10 @@ class Checkpoints:
 
         self._bounded(what, write, abandon_on_stop)
 
-    def finish(self, abandon_on_stop: bool = True) -> None:
-        """Wait for pending writes; ``CheckpointError`` if one failed (``WriteAbandoned``: not in time)."""
-        what = f"checkpoint write in {self.directory}"
+    def finish(self, abandon_on_stop: bool = True, step: int | None = None) -> None:
+        """Wait for pending writes; ``CheckpointError`` if one failed (``WriteAbandoned``: not in time).
+        ``step``: the step being written, named in errors."""
+        what = f"checkpoint {'write' if step is None else f'of step {step}'} in {self.directory}"
 
         def wait():
             self.manager.wait_until_finished()

@@ -455,7 +455,7 @@ class Training:
         self.parts.tracker.wait_for_writes()
         checkpoints = self.parts.checkpoints
         checkpoints.save(step, state, meta, abandon_on_stop=False)
-        checkpoints.finish(abandon_on_stop=False)
+        checkpoints.finish(abandon_on_stop=False, step=step)
         self.saved_step = step
 
     def settle_checkpoints(self) -> None:
