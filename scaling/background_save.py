@@ -50,7 +50,8 @@ class BackgroundSaver:
         self._changed = threading.Condition()
         self._pending: tuple | None = None  # (step, state, meta) not yet started
         self._busy_step: int | None = None  # the step being saved
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # of a failed save, until raised on the training thread
+        self._failed = False  # a save failed: the run is ending, nothing more is saved
         self._closed = False
         self.skipped: list[int] = []  # steps dropped for a newer one
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
@@ -66,11 +67,11 @@ class BackgroundSaver:
                 (step, state, meta), self._pending = self._pending, None
                 self._busy_step = step
             try:
-                if self._error is None:  # after a failure the run is ending: save nothing more
+                if not self._failed:
                     self._save(step, state, meta)
             except BaseException as error:  # noqa: BLE001 - handed to the training thread
                 with self._changed:
-                    self._error = error
+                    self._error, self._failed = error, True
             finally:
                 del state
                 with self._changed:

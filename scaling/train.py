@@ -28,6 +28,13 @@ Guarantees:
 - A checkpoint write that storage does not finish within its deadline fails
   the run with one line (``checkpoints.py``); any other error records the run
   as ``failed``, with the traceback in ``error.log``, and is re-raised.
+- On object stores (one process), periodic checkpoints are saved behind the
+  loop (``background_save.py``): the loop copies the state to the host and
+  goes on; a bucket slower than the checkpoint interval skips intermediate
+  checkpoints (said once), never steps. The loop waits for storage only for
+  the final checkpoint and the record, and at a stop (for the write under
+  way at most half the grace period, then for the stop's checkpoint). A
+  background save that failed fails the run at the next step, with one line.
 
 The command line tunes glibc's allocator for XLA:CPU (``cpu_allocator.py``)
 before JAX starts; importing this module changes nothing process-wide.

@@ -125,6 +125,7 @@ def test_storage_that_stops_answering_fails_the_checkpoint_in_bounded_time(gcs, 
         # when the loop next waits for it, at the end
         assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint of step 4"), err
         assert f"{run_dir}/checkpoints" in lines[0] and f"not finished after {limit} s" in lines[0]
+        assert metric_steps(run_dir) == list(range(tiny.STEPS + 1))  # the hung write never held the loop
         assert records.read_record(run_dir).status == "failed"
     finally:
         proxy.close()
