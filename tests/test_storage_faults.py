@@ -121,9 +121,9 @@ def test_storage_that_stops_answering_fails_the_checkpoint_in_bounded_time(gcs, 
         assert proc.returncode == 1, err[-3000:]
         lines = [line for line in err.splitlines() if line.startswith("error")]
         assert "Traceback" not in err and len(lines) == 1, err
-        # step 4's write hangs behind the loop (steps 6 and 8 wait for it and are dropped); the run fails
-        # when the loop next waits for it, at the end
-        assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint of step 4"), err
+        # A later write hangs behind the loop (which one depends on where each request meets the hang: a
+        # periodic one, or the last step's); the run fails when the loop waits for it, at the end.
+        assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint "), err
         assert f"{run_dir}/checkpoints" in lines[0] and f"not finished after {limit} s" in lines[0]
         assert metric_steps(run_dir) == list(range(tiny.STEPS + 1))  # the hung write never held the loop
         assert records.read_record(run_dir).status == "failed"
