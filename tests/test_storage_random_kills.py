@@ -89,8 +89,8 @@ def test_three_launchers_killed_at_random_train_every_run_exactly_once(gcs, gcs_
         run_dir = f"{sweep_dir}/{run_id}"
         record, expected = records.read_record(run_dir), records.read_record(reference[run_id])
         assert record.status == "finished" and record.steps == tiny.STEPS, (run_id, outputs)
-        trained_by = sum(out.count(f"{record.name}: finished, eval loss") for out in outputs)
-        assert trained_by <= 1, outputs  # finished once; the others found it finished or held
+        # (Not counted from the launchers' lines: one that finds the record written between its listing and
+        # its train.run reports that record as its own. The rows and the losses below tell.)
         assert metric_steps(run_dir) == list(range(tiny.STEPS + 1)), (run_id, outputs)  # one row per step
         assert record.final_eval_loss == pytest.approx(expected.final_eval_loss, rel=1e-6)
         losses, expected_losses = _losses(run_dir), _losses(reference[run_id])
