@@ -29,9 +29,12 @@ reaches it:
    bucket), then as it is again (the first run compiles). Printed per run:
    the training loop's seconds per step (from the first step's return, after
    compilation, to the loop's end: steps, metrics, evaluations, checkpoints
-   and lease checks), the run's wall seconds, and requests sent. Only the
-   waits that must be durable are in the loop: metrics rows before each
-   checkpoint, the checkpoint's synchronous part, the lease read before it.
+   and lease checks), the run's wall seconds, and requests sent. Periodic
+   checkpoints are saved behind the loop (``scaling/background_save.py``: the
+   metrics wait, the lease read and the orbax write on one thread, the newest
+   checkpoint only), so the loop pays for a host copy of the state per
+   checkpoint; the run's wall seconds also hold the end's durable writes
+   (the checkpoint under way, the final checkpoint, the record).
 """
 
 from __future__ import annotations

@@ -262,10 +262,17 @@ class Checkpoints:
         """Steps with a complete checkpoint, as orbax sees them now."""
         return list(self.manager.all_steps())
 
-    def _bounded(self, what: str, function):
+    def abandon(self, what: str) -> WriteAbandoned:
+        """The ``WriteAbandoned`` (``stopped=True``) of a write under way that a stop no longer waits for;
+        the directory counts as abandoned from now on (``abandoned_writes``)."""
+        _abandoned.append(str(self.directory))
+        return WriteAbandoned(f"{what}: abandoned after a stop request", stopped=True)
+
+    def _bounded(self, what: str, function, abandon_on_stop: bool = True):
         """``function()`` in a helper thread, waited for at most ``write_timeout`` seconds, and no longer
-        once ``should_stop()`` turns true during the wait; ``WriteAbandoned`` naming ``what`` then (the
-        thread is left behind). An error of ``function`` comes back as ``CheckpointError``."""
+        once ``should_stop()`` turns true during the wait (if ``abandon_on_stop``); ``WriteAbandoned``
+        naming ``what`` then (the thread is left behind). An error of ``function`` comes back as
+        ``CheckpointError``."""
         if str(self.directory) in _abandoned:
             raise WriteAbandoned(f"{what}: an earlier write to {self.directory} never finished", stopped=False)
         outcome = {}
@@ -282,7 +289,7 @@ class Checkpoints:
         stop_before = self.should_stop()  # the save a stop asks for is waited for; a stop during a wait is new
         while worker.is_alive():
             worker.join(0.1)
-            stopped = not stop_before and self.should_stop()
+            stopped = abandon_on_stop and not stop_before and self.should_stop()
             if worker.is_alive() and (stopped or time.monotonic() > deadline):
                 _abandoned.append(str(self.directory))
                 reason = ("abandoned after a stop request" if stopped else
@@ -295,9 +302,10 @@ class Checkpoints:
             raise error
         return outcome.get("value")
 
-    def save(self, step: int, state, meta: dict, *, force: bool = False) -> None:
+    def save(self, step: int, state, meta: dict, *, force: bool = False, abandon_on_stop: bool = True) -> None:
         """Save asynchronously; raises ``CheckpointError`` if this or the previous write failed
-        (``WriteAbandoned`` if storage did not answer in time)."""
+        (``WriteAbandoned`` if storage did not answer in time). A background saver, whose waits a stop
+        bounds itself, passes ``abandon_on_stop=False``."""
         what = f"checkpoint of step {step} in {self.directory}"
 
         def write():
@@ -309,17 +317,18 @@ class Checkpoints:
                 self.manager.check_for_errors()
                 self._saved_once = True
 
-        self._bounded(what, write)
+        self._bounded(what, write, abandon_on_stop)
 
-    def finish(self) -> None:
-        """Wait for pending writes; ``CheckpointError`` if one failed (``WriteAbandoned``: not in time)."""
-        what = f"checkpoint write in {self.directory}"
+    def finish(self, abandon_on_stop: bool = True, step: int | None = None) -> None:
+        """Wait for pending writes; ``CheckpointError`` if one failed (``WriteAbandoned``: not in time).
+        ``step``: the step being written, named in errors."""
+        what = f"checkpoint {'write' if step is None else f'of step {step}'} in {self.directory}"
 
         def wait():
             self.manager.wait_until_finished()
             self.manager.check_for_errors()
 
-        self._bounded(what, wait)
+        self._bounded(what, wait, abandon_on_stop)
 
     def close(self) -> None:
         """Release orbax's threads (safe after a failure; never raises; skipped after an abandoned write,

@@ -154,6 +154,12 @@ class Tracker:
         if wait:
             self._writer.wait(wait_seconds())
 
+    def wait_for_writes(self) -> None:
+        """Wait for the rows already flushed to be written (no new ones are flushed: safe from another
+        thread than the one logging); ``write_behind.WriteFailed`` as ``flush(wait=True)``."""
+        if self._writer is not None:
+            self._writer.wait(wait_seconds())
+
     def discard_pending(self) -> None:
         """Drop rows not yet written (this process no longer owns the run's files)."""
         self._rows.clear()

@@ -28,6 +28,13 @@ Guarantees:
 - A checkpoint write that storage does not finish within its deadline fails
   the run with one line (``checkpoints.py``); any other error records the run
   as ``failed``, with the traceback in ``error.log``, and is re-raised.
+- On object stores (one process), periodic checkpoints are saved behind the
+  loop (``background_save.py``): the loop copies the state to the host and
+  goes on; a bucket slower than the checkpoint interval skips intermediate
+  checkpoints (said once), never steps. The loop waits for storage only for
+  the final checkpoint and the record, and at a stop (for the write under
+  way at most half the grace period, then for the stop's checkpoint). A
+  background save that failed fails the run at the next step, with one line.
 
 The command line tunes glibc's allocator for XLA:CPU (``cpu_allocator.py``)
 before JAX starts; importing this module changes nothing process-wide.
@@ -61,12 +68,13 @@ from etils import epath
 
 from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, record_checks
 from scaling import records, rundir
-from scaling.checkpoints import CheckpointError, Checkpoints
+from scaling.background_save import BackgroundSaver
+from scaling.checkpoints import CheckpointError, Checkpoints, abandoned_writes
 from scaling.config import TrainConfig, config_id, to_dict
 from scaling.flops import model_flops_utilization
 from scaling.program import Program, build, evaluate, evaluate_metrics, hyperparameters
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
-from scaling.storage import write_atomic
+from scaling.storage import is_remote, write_atomic
 from scaling.track import Tracker, new_wandb_id
 from scaling.train_cli import PRESETS, load_config, main  # noqa: F401 - the command line's names, kept here
 
@@ -118,6 +126,7 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         tracker = resources.enter_context(_closed_on_error(_open_tracker(config, run_dir, start, show_progress),
                                                            stop))
         training = Training(Parts(config, program, pipeline, checkpoints, tracker, stop), start, started)
+        resources.callback(training.close)
         training.train()
         record = training.finish(outcome.record)
         stop.check_lease(read_now=True)
@@ -328,6 +337,11 @@ class Training:
         self.last_loss = parts.tracker.pending(start.step).get("loss")
         self.pending: list = []  # (step, metrics still on the device) since the last log
         self.window_start, self.window_steps = time.perf_counter(), 0  # of the speed measurement
+        # On object stores periodic checkpoints are saved behind the loop (background_save.py); on local disks
+        # orbax's own asynchronous write is quick. Not with several processes: a save is collective there,
+        # and processes must not skip different steps.
+        behind = is_remote(str(parts.checkpoints.directory)) and jax.process_count() == 1
+        self.saver = BackgroundSaver(self.write_checkpoint) if behind else None
 
     @property
     def tokens_per_step(self) -> int:
@@ -340,7 +354,7 @@ class Training:
                 Hook(config.checkpoint_every, self.log),  # a checkpoint only ever follows steps found finite
                 Hook(config.eval_every, self.evaluate),
                 Hook(1, self.check_lease, at_end=True),
-                Hook(config.checkpoint_every, self.save),
+                Hook(config.checkpoint_every, self.checkpoint),
                 Hook(1, self.check_stop, at_end=True)]
 
     def train(self) -> None:
@@ -411,18 +425,64 @@ class Training:
         return self.eval_loss
 
     def check_lease(self, done: int) -> None:
-        """``LeaseLost`` if the heartbeat found the lease taken over."""
+        """``LeaseLost`` if the heartbeat found the lease taken over; the error of a background save."""
         self.parts.stop.check_lease()
+        if self.saver is not None:
+            with self.checkpoint_errors():
+                self.saver.raise_error()
 
     def check_stop(self, done: int) -> None:
         """If every process agrees to stop: save this step, wait for the write, raise ``Preempted``."""
         stop = self.parts.stop
         if not stop.agreed(done):
             return
+        self.settle_checkpoints()
         if self.saved_step != done:  # a second save of the same step would fail
             self.save(done, force=True)
         self.wait_for_writes()
         raise stop.preempted(f"after step {done}; checkpoint saved")
+
+    def checkpoint(self, step: int) -> None:
+        """The periodic checkpoint at ``step``: handed to the background saver (a host copy of the state,
+        since the next step donates its buffers; the metrics rows up to it flushed, written behind), or
+        saved here with several processes."""
+        if self.saver is None:
+            self.save(step)
+            return
+        self.parts.stop.check_lease()
+        self.parts.tracker.flush(through_step=step)  # the saver waits for these before the checkpoint
+        self.meta["wall_seconds"], self.meta["train_seconds"] = self.wall_seconds(), self.train_seconds()
+        with self.checkpoint_errors():
+            self.saver.submit(step, jax.device_get(self.state), self.meta)
+
+    def write_checkpoint(self, step: int, state, meta: dict) -> None:
+        """On the saver's thread: read the lease, wait for the metrics rows up to ``step``, save and wait
+        for the write (its own deadline; a stop bounds the wait for it in ``settle_checkpoints``)."""
+        self.parts.stop.check_lease(read_now=True)
+        self.parts.tracker.wait_for_writes()
+        checkpoints = self.parts.checkpoints
+        checkpoints.save(step, state, meta, abandon_on_stop=False)
+        checkpoints.finish(abandon_on_stop=False, step=step)
+        self.saved_step = step
+
+    def settle_checkpoints(self) -> None:
+        """Before a checkpoint saved here (the stop's, the last): drop the background save not started,
+        wait for the one under way (a stop bounds this wait), raise its error if it failed."""
+        if self.saver is None:
+            return
+        stop, checkpoints = self.parts.stop, self.parts.checkpoints
+        self.saver.drop_pending()
+        with self.checkpoint_errors():
+            self.saver.wait_idle(lambda: stop.requested,
+                                 lambda step: checkpoints.abandon(f"checkpoint of step {step} in "
+                                                                  f"{checkpoints.directory}"))
+
+    def close(self) -> None:
+        """End the background saver (what is pending is dropped; a save under way is waited for, at most
+        the checkpoints' write deadline)."""
+        if self.saver is not None:  # a write given up on is not waited for (exit_now_if_abandoned)
+            abandoned = str(self.parts.checkpoints.directory) in abandoned_writes()
+            self.saver.close(0 if abandoned else self.parts.checkpoints.write_timeout)
 
     def save(self, step: int, force: bool = False) -> None:
         """Checkpoint the state at ``step`` (after reading the lease and writing the metrics up to it)."""
@@ -475,10 +535,12 @@ class Training:
             tracker.log(steps_done, {"eval_loss": self.eval_loss,
                                      **{key[len("final_"):]: value for key, value in accuracy.items()}})
             self.parts.stop.check_lease()
+            self.settle_checkpoints()
             if steps_done not in self.parts.checkpoints.steps():
                 self.save(steps_done, force=True)
             if not math.isfinite(self.eval_loss):
                 self.status, accuracy = "diverged", {}
+        self.settle_checkpoints()  # a diverged run keeps the checkpoints it saved before
         self.wait_for_writes()
         return record.replace(
             status=self.status, final_eval_loss=self.eval_loss if self.status == "finished" else None,
