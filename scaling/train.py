@@ -83,13 +83,22 @@ from scaling.train_cli import PRESETS, load_config, main  # noqa: F401 - the com
 # The run's life cycle
 
 
+class AlreadyFinished(Exception):
+    """The run had finished before this call took its lease (``run(..., raise_if_finished=True)``)."""
+
+    def __init__(self, record: records.RunRecord):
+        super().__init__(f"run {record.run_id} had already finished")
+        self.record = record
+
+
 def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None,
-        stop: Stop | None = None) -> records.RunRecord:
+        stop: Stop | None = None, raise_if_finished: bool = False) -> records.RunRecord:
     """Train ``config`` into the run directory ``workdir`` and return its run record.
 
     ``workdir`` may be relative (to the current directory) or a URI. Resumes
     from the newest readable checkpoint in ``workdir/checkpoints``; returns
-    the existing record if the run already finished. ``stop`` is asked between
+    the existing record if the run already finished (raises ``AlreadyFinished`` with it instead when
+    ``raise_if_finished``: a launcher then knows another process trained it). ``stop`` is asked between
     steps (default: a new one, listening while the run lasts); the sweep
     launcher passes its own, so it hears a signal that arrives at any moment.
     Raises ``rundir.ConfigMismatch`` if the directory holds another config's
@@ -109,6 +118,8 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
         run_lease = resources.enter_context(_run_lease(run_dir))
         finished = _finished_record(run_dir, config_id(config))
         if finished is not None:
+            if raise_if_finished:
+                raise AlreadyFinished(finished)
             return finished
         resources.enter_context(stop.watching(run_lease))
         started = time.perf_counter()  # wall seconds: the whole run, loading the data included

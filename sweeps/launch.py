@@ -298,7 +298,10 @@ def cmd_run(sweep: Sweep, args) -> int:
                     bar.update(1)
                     continue
                 try:
-                    result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop)
+                    result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop,
+                                       raise_if_finished=True)
+                except train.AlreadyFinished:  # finished by another launcher after the check above
+                    say(f"{run.name}: already finished by another launcher")
                 except Preempted as stopped:
                     say(f"{run.name}: {stopped}; rerun the same command to resume")
                     return PREEMPTED_EXIT_CODE

@@ -485,3 +485,29 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
     assert launch.main(["run", sweep, "--workdir", "taken"]) == 2
     err = capsys.readouterr().err
     assert "is a file" in err and err.strip().count("\n") == 0 and "Traceback" not in err
+
+
+def test_a_run_another_launcher_finishes_after_the_check_is_not_reported_as_trained(tmp_path, capsys, monkeypatch):
+    """The window between the launcher's "finished already?" check and the trainer's lease: the run's
+    record appears there, and the launcher says another launcher finished it, not that it trained it."""
+
+    sweep = str(write_sweep(tmp_path, "mini", PAIR))
+    monkeypatch.chdir(tmp_path)
+    tiny.on_one_device(monkeypatch)
+    assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
+    capsys.readouterr()
+    real_states, real_state = launch.read_states, launch.read_state
+    calls = []
+
+    def stale_at_first(*args, **kwargs):  # the work directory as it was before the other launcher finished
+        calls.append(1)
+        states = real_states(*args, **kwargs)
+        return [state._replace(status="pending") for state in states] if len(calls) == 1 else states
+
+    monkeypatch.setattr(launch, "read_states", stale_at_first)
+    monkeypatch.setattr(launch, "read_state", lambda *args: real_state(*args)._replace(status="pending"))
+    assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
+    printed = capsys.readouterr()
+    text = printed.out + printed.err
+    assert text.count("already finished by another launcher") == len(tiny.run_dirs(tmp_path / "runs")), text
+    assert "finished, eval loss" not in text, text
