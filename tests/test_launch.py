@@ -175,7 +175,7 @@ def test_failures_are_recorded_and_preemption_stops_the_sweep(tmp_path, capsys, 
 
     by_name = {run.name: run for run in spec.load_sweep(sweep_file).expand().runs}
 
-    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None):
+    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None, raise_if_finished=False):
         calls.append(config.name)
         if config.model.width == 16:  # the trainer records the failure, then re-raises
             write_record(by_name[config.name], workdir, status="failed",
@@ -215,7 +215,7 @@ def test_the_result_line_says_which_time_is_training_and_which_wall(tmp_path, ca
     workdir = tmp_path / "runs"
     (run,) = spec.load_sweep(sweep_file).expand().runs
 
-    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None):
+    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None, raise_if_finished=False):
         return write_record(run, workdir, steps=500, train_seconds=19.2, wall_seconds=60.4)
 
     monkeypatch.setattr(train, "run", fake_run)
@@ -307,7 +307,7 @@ def test_no_progress_reaches_the_trainer(tmp_path, capsys, monkeypatch, flags, s
     sweep_file = write_sweep(tmp_path, "quiet", "depths=(1,), widths={1: (16,)}")
     seen = []
 
-    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None):
+    def fake_run(config, run_dir, show_progress=True, devices=None, stop=None, raise_if_finished=False):
         seen.append(show_progress)
         raise RuntimeError("not trained in this test")
 
