@@ -80,6 +80,14 @@ def tiny_reference(tmp_path_factory):
     return run_dir, tiny.run(tiny.config(), run_dir)
 
 
+@pytest.fixture
+def own_cache_home(tmp_path, monkeypatch):
+    """Caches built on first use (token caches with ``data.cache_dir`` unset, trained tokenizers) go
+    under this test's directory: ``XDG_CACHE_HOME`` is set for the test; the project's folder in it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "scaling-data"
+
+
 # ---------------------------------------------------------------------------
 # A local Cloud Storage (fake-gcs-server from the dev extra; see tests/gcs_emulator.py)
 

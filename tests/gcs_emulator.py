@@ -30,11 +30,7 @@ import time
 import urllib.parse
 import urllib.request
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from helpers import free_port
 
 
 def _die_with_parent() -> None:

@@ -1,17 +1,15 @@
 """`python -m analysis`: the exact commands the checks use, sweep analysis, and bad input."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import helpers
 from analysis.__main__ import main
 from analysis.synthetic import synthetic_runs
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def record_json(name, depth, width, seed, loss, fingerprint="fp", **extra):
@@ -25,8 +23,7 @@ def record_json(name, depth, width, seed, loss, fingerprint="fp", **extra):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return helpers.run_module("analysis", *args, timeout=120)
 
 
 def run_json(capsys, *args):
@@ -251,17 +248,13 @@ def test_bad_argument_is_one_line():
 
 def test_plot_draws_loss_curves_for_a_single_seed_sweep(tmp_path):
     """One seed per point gives no transitions, but the loss curves are still drawn."""
-    import subprocess
-    import sys
-
     rows = ["depth,width,params,seed,loss"]
     for depth, widths in ((1, (48, 64, 128)), (2, (32, 48, 96))):
         for width in widths:
             rows.append(f"{depth},{width},{12 * depth * width**2},0,{2.5 - 0.001 * width + 0.1 * depth}")
     source = tmp_path / "single_seed.csv"
     source.write_text("\n".join(rows) + "\n")
-    out = subprocess.run([sys.executable, "-m", "analysis", "plot", str(source), "--out", str(tmp_path / "figs")],
-                         capture_output=True, text=True)
+    out = helpers.run_module("analysis", "plot", source, "--out", tmp_path / "figs")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figs" / "loss_vs_size.png").stat().st_size > 1000
     assert "single seed" in out.stdout
@@ -331,8 +324,8 @@ def test_fit_save_with_nothing_to_save_exits_non_zero(tmp_path):
     assert result.returncode == 1, result.stderr
     assert not saved.exists()
     assert f"nothing saved to {saved}" in result.stderr
-    chained = subprocess.run(["bash", "-c", f"{sys.executable} -m analysis fit {csv_path} --save {saved} "
-                              f"--bootstrap 50 >/dev/null && echo reached"], capture_output=True, text=True)
+    chained = helpers.run(["bash", "-c", f"{sys.executable} -m analysis fit {csv_path} --save {saved} "
+                           f"--bootstrap 50 >/dev/null && echo reached"])
     assert "reached" not in chained.stdout
 
 

@@ -2,17 +2,14 @@
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import helpers
 from analysis import log_length
 from scaling import records
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _write_run(root: Path, run_id: str, task: str, n: int, arm: str, seed: int, accuracy: float, bits: float,
@@ -77,16 +74,14 @@ def test_a_copied_run_directory_counts_once(sweep_dir):
 def test_cli_prints_the_table_and_draws_the_figure(sweep_dir, tmp_path):
     directory, values = sweep_dir
     figure = tmp_path / "figure" / "accuracy.png"
-    done = subprocess.run([sys.executable, "-m", "analysis", "log-length", str(directory), "--figure", str(figure)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    done = helpers.run_module("analysis", "log-length", directory, "--figure", figure, timeout=120)
     assert done.returncode == 0, done.stderr
     assert figure.stat().st_size > 10_000
     cell = np.array(values[("parity", 30, "log_length")])
     expected = (f"| PARITY | 30 | log_length | 3 | 1000 | {100 * cell[:, 0].mean():.1f} ± "
                 f"{100 * cell[:, 0].std(ddof=1):.1f} | {cell[:, 1].mean():.3f} ± {cell[:, 1].std(ddof=1):.3f} | 2/3 |")
     assert expected in done.stdout.splitlines()
-    as_json = subprocess.run([sys.executable, "-m", "analysis", "log-length", str(directory), "--format", "json"],
-                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    as_json = helpers.run_module("analysis", "log-length", directory, "--format", "json", timeout=120)
     assert len(json.loads(as_json.stdout)["cells"]) == 6
 
 
@@ -135,8 +130,7 @@ def test_setups_are_tabled_and_compared_apart(tmp_path):
 
 def test_no_finished_runs_is_one_error_line(tmp_path):
     _write_run(tmp_path, "r0", "first", 10, "standard", 0, 0.0, 0.0, status="running")
-    done = subprocess.run([sys.executable, "-m", "analysis", "log-length", str(tmp_path)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    done = helpers.run_module("analysis", "log-length", tmp_path, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "1 running" in done.stderr
 

@@ -1,20 +1,15 @@
 """`python -m analysis`: several budgets in one answer, far extrapolations, a narrow Table 1, `plot --out FILE`."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+import helpers
 from analysis.__main__ import main
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return helpers.run_module("analysis", *args, timeout=120)
 
 
 @pytest.mark.parametrize("where", ["file", "under a file"])

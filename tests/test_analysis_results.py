@@ -121,9 +121,10 @@ def test_analysis_reads_records_only():
     """From the project the package imports only the JAX-free modules that read run records, never the
     trainer or launcher."""
     import ast
-    from pathlib import Path
 
-    for source in (Path(__file__).resolve().parents[1] / "analysis").glob("*.py"):
+    from helpers import REPO
+
+    for source in (REPO / "analysis").glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
             names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -2,11 +2,10 @@
 before JAX starts), and the step profile sorts a compiled step's ops by kind, pass and model part."""
 
 import os
-import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import helpers
+from helpers import REPO
 
 
 def test_throughput_benchmark_tunes_the_allocator_like_the_command_lines():
@@ -14,7 +13,7 @@ def test_throughput_benchmark_tunes_the_allocator_like_the_command_lines():
     env = {key: value for key, value in os.environ.items() if key not in ("JAX_PLATFORMS", "SCALING_MALLOC_TUNING")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", "")])
     code = "import throughput; print(throughput.MALLOC_TUNED)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    out = helpers.run_python(code, env=env, check=True).stdout
     assert out.strip().splitlines()[-1] == "True"
 
 

@@ -23,17 +23,15 @@ Tests that need SkyPilot skip without the ``cloud`` extra; CI installs it.
 
 import json
 import os
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
+import helpers
+from helpers import REPO
 from sweeps import cloud, cloud_jobs, launch, lockfile
 
-REPO = Path(__file__).resolve().parents[1]
 SWEEP = "sweeps/configs/smoke.py"  # 6 runs
 TPU_TASK, GPU_TASK = cloud.TASK_FILES["tpu"], cloud.TASK_FILES["gpu"]
 
@@ -92,13 +90,10 @@ def test_workdir_is_required(task_file):
 @pytest.mark.parametrize("task_file", [TPU_TASK, GPU_TASK], ids=["tpu", "gpu"])
 @pytest.mark.parametrize("part", ["setup", "run"])
 def test_task_scripts_are_shellcheck_clean(task_file, part, tmp_path):
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck binary not installed (apt-get install shellcheck); CI installs it")
     script = tmp_path / f"{part}.sh"
     # SkyPilot sets the envs and its own variables; shellcheck would call them unassigned.
     script.write_text("#!/usr/bin/env bash\n# shellcheck disable=SC2154\n" + yaml.safe_load(task_file.read_text())[part])
-    result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    helpers.assert_shellcheck_clean(script)
 
 
 # --- the run scripts, executed ------------------------------------------------------------------------------
@@ -122,7 +117,7 @@ def run_script(task_file, tmp_path, envs, **skypilot):
     record.unlink(missing_ok=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "RECORD": str(record), **envs, **skypilot}
     script = yaml.safe_load(task_file.read_text())["run"]
-    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    done = helpers.run(["bash", "-c", script], env=env, timeout=30)
     calls = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     return done.returncode, calls
 
@@ -285,18 +280,10 @@ def test_region_is_the_buckets(gcs, capsys, monkeypatch):
     assert launch.main(flags + ["--infra", "gcp/us-east5"]) == 0  # named: not looked up
     assert "infra gcp/us-east5" in capsys.readouterr().out
 
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{helpers.free_port()}")  # nothing listens there
     assert launch.main(flags) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--infra gcp/REGION" in err and "could not read the location" in err
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -540,8 +527,7 @@ def test_parse_accelerator(text, kind, name, hosts, runtime):
 
 
 def test_help_explains_the_command():
-    done = subprocess.run([sys.executable, "-m", "sweeps.launch", "sky", "--help"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    done = helpers.run_module("sweeps.launch", "sky", "--help", timeout=60)
     assert done.returncode == 0
     for flag in ("--accelerator", "--shares", "--spot", "--dry-run", "--pod-wide", "managed jobs"):
         assert flag in done.stdout

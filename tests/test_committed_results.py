@@ -13,13 +13,11 @@ other character, and every number to its ninth significant digit, must match.
 import json
 import math
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+import helpers
+from helpers import REPO
 
 # Relative tolerance for a computed number against its committed value: far above float64's
 # last-digit noise (~1e-16 relative), far below any change a reader could see (the text reports
@@ -63,9 +61,7 @@ def _same_json(actual, expected) -> bool:
 
 
 def analysis(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "analysis", *args], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    return helpers.run_module("analysis", *args, check=True).stdout
 
 
 @pytest.mark.parametrize("table, args", [
@@ -73,7 +69,7 @@ def analysis(*args: str) -> str:
     ("table.md", ()),
 ])
 def test_log_length_tables_are_what_the_command_prints(table, args):
-    committed = (ROOT / "results" / "log_length" / table).read_text()
+    committed = (REPO / "results" / "log_length" / table).read_text()
     printed = analysis("log-length", "results/log_length", *args)
     assert same_report(printed, committed), (printed, committed)
 
@@ -85,7 +81,7 @@ def test_log_length_tables_are_what_the_command_prints(table, args):
 def test_cpu_depth_fit_is_what_the_command_prints(committed, args):
     # the bootstrap's seed is fixed, so the whole output, intervals included, is deterministic up to
     # the last bits of the arithmetic
-    expected = (ROOT / "results" / "cpu_depth" / committed).read_text()
+    expected = (REPO / "results" / "cpu_depth" / committed).read_text()
     printed = analysis("fit", "results/cpu_depth", *args)
     assert same_report(printed, expected), (printed, expected)
 
@@ -116,7 +112,7 @@ def _perturb_last_digits(text: str, relative: float) -> str:
 
 @pytest.mark.parametrize("committed", ["fit.json", "fit.txt"])
 def test_last_digit_noise_passes_and_a_changed_number_fails(committed):
-    expected = (ROOT / "results" / "cpu_depth" / committed).read_text()
+    expected = (REPO / "results" / "cpu_depth" / committed).read_text()
     noisy = _perturb_last_digits(expected, 4e-16)
     assert noisy != expected or committed == "fit.txt"
     assert same_report(noisy, expected)
@@ -132,7 +128,7 @@ def test_cpu_depth_main_sweep_is_complete():
     """Four depths, three sizes each, three seeds at every point: the design the README reports on."""
     from analysis.results import load_runs
 
-    table = load_runs(ROOT / "results" / "cpu_depth")
+    table = load_runs(REPO / "results" / "cpu_depth")
     seeds = table.runs.groupby(["depth", "width"])["seed"].nunique()
     assert sorted(table.runs["depth"].unique()) == [2, 3, 4, 6]
     assert seeds.groupby(level="depth").size().tolist() == [3, 3, 3, 3]

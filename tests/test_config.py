@@ -2,14 +2,12 @@
 
 import dataclasses
 import json
-import pathlib
 
 import pytest
 
+from helpers import REPO
 from scaling.config import (DataConfig, ModelConfig, OptimConfig, PositionEncoding, TrainConfig, choices, config_id,
                             from_dict, override, to_dict)
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("field,kwargs", [

@@ -10,13 +10,13 @@ what theory says and what this setting measures on the development machine:
   |slope| < 0.25.
 """
 
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+import helpers
+from helpers import REPO
+
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import coord_check  # noqa: E402
@@ -60,6 +60,6 @@ def test_plot_writes_a_png(records, tmp_path):
 
 
 def test_help_runs_without_jax_work():
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "coord_check.py"), "--help"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = helpers.run([sys.executable, REPO / "benchmarks" / "coord_check.py", "--help"], check=True,
+                      timeout=60).stdout
     assert "Coordinate check" in out and "--widths" in out

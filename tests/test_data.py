@@ -3,9 +3,6 @@ order and resume, multi-host slices, synthetic tasks and the CLI."""
 
 import dataclasses
 import json
-import os
-import pathlib
-import subprocess
 import sys
 import threading
 import time
@@ -17,30 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import helpers
 from scaling import corpus, data, token_cache
 from scaling.config import DataConfig
 from scaling.tokenizer import ByteTokenizer, load_hf, train_bpe
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def run_module(*args, env=None, **popen):
-    """Start ``python ARGS`` in a fresh interpreter at the repo root."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=full_env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
-
-
-def finish(process, timeout=120):
-    out, err = process.communicate(timeout=timeout)
-    return process.returncode, out, err
-
-
-@pytest.fixture(autouse=True)
-def own_cache_home(tmp_path, monkeypatch):
-    """Token caches built on first use (``data.cache_dir`` unset) go under this test's directory."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    return tmp_path / "xdg" / "scaling-data"
+# Token caches built on first use go under each test's directory (conftest.py).
+pytestmark = pytest.mark.usefixtures("own_cache_home")
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +89,12 @@ def test_train_and_validation_share_no_document():
 
 
 def test_two_fresh_processes_build_identical_splits(builtin, tmp_path):
-    processes = [run_module("-m", "scaling.data", "stats", "--source", "builtin", "--json",
-                            env={"XDG_CACHE_HOME": str(tmp_path / f"cache{i}")}) for i in range(2)]
-    results = [finish(p) for p in processes]
-    assert [code for code, _, _ in results] == [0, 0], results
-    first, second = (json.loads(out) for _, out, _ in results)
+    processes = [helpers.start(helpers.module_command("scaling.data", "stats", "--source", "builtin", "--json"),
+                               env=helpers.with_checkout(XDG_CACHE_HOME=str(tmp_path / f"cache{i}")))
+                 for i in range(2)]
+    results = helpers.finish(processes, timeout=120)
+    assert [done.returncode for done in results] == [0, 0], results
+    first, second = (json.loads(done.stdout) for done in results)
     assert first == second
     assert first["corpus_sha256"] == builtin.stats["corpus_sha256"]
     assert first["fingerprint"] == builtin.fingerprint
@@ -209,12 +190,11 @@ def test_hub_function_reads_a_hub_layout_folder_with_network_off(tmp_path):
                        repo / "data" / f"{split}-00000-of-00001.parquet")
     offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
                "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    processes = {split: run_module("-c", HUB_SCRIPT, str(repo), split, env=offline)
-                 for split in splits}
-    for split, process in processes.items():
-        code, out, err = finish(process)
-        assert code == 0, err
-        result = json.loads(out)
+    processes = [helpers.start([sys.executable, "-c", HUB_SCRIPT, repo, split], env=helpers.with_checkout(**offline))
+                 for split in splits]
+    for split, done in zip(splits, helpers.finish(processes, timeout=120)):
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
         assert result["documents"] == splits[split]
         stats = result["stats"]
         assert stats["train_documents"] + stats["validation_documents"] == len(splits[split])
@@ -485,10 +465,11 @@ def test_lookback_targets_copy_exactly_distance_back(distance):
 
 def test_cli_batch_hash_matches_the_in_process_batch(builtin, cache_dir):
     args = ["--seed", "4", "--step", "12", "--batch-size", "8", "--seq-len", "64", "--cache-dir", str(cache_dir)]
-    processes = [run_module("-m", "scaling.data", "batch-hash", "--source", "builtin", *args),
-                 run_module("-m", "scaling.data", "batch-hash", "--source", "builtin",
-                            *[a if a != "12" else "13" for a in args])]
-    (code, out, err), (code2, out2, _) = [finish(p) for p in processes]
+    processes = [helpers.start(helpers.module_command("scaling.data", "batch-hash", "--source", "builtin", *args)),
+                 helpers.start(helpers.module_command("scaling.data", "batch-hash", "--source", "builtin",
+                                                      *[a if a != "12" else "13" for a in args]))]
+    (code, out, err), (code2, out2, _) = [(done.returncode, done.stdout, done.stderr)
+                                          for done in helpers.finish(processes, timeout=120)]
     assert code == 0 and code2 == 0, err
     lines = out.splitlines()
     assert len(lines) == 1 and len(lines[0]) == 64
@@ -498,7 +479,7 @@ def test_cli_batch_hash_matches_the_in_process_batch(builtin, cache_dir):
 
 
 def test_cli_bad_input_prints_one_error_line():
-    code, out, err = finish(run_module("-m", "scaling.data", "batch-hash", "--source", "parity", "--seed", "0",
-                                       "--step", "0", "--batch-size", "4", "--seq-len", "8"))
-    assert code == 2 and "Traceback" not in err
-    assert err.strip().count("\n") == 0 and "seq_len=8" in err
+    done = helpers.run_module("scaling.data", "batch-hash", "--source", "parity", "--seed", "0", "--step", "0",
+                              "--batch-size", "4", "--seq-len", "8", timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "seq_len=8" in done.stderr

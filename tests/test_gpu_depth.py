@@ -5,8 +5,6 @@ import json
 import math
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -14,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import helpers
 import tiny
 from analysis.synthetic import expected_loss, planted_params
+from helpers import REPO
 from scaling import records
 from sweeps import launch
 from sweeps.configs import gpu_depth
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "gpu" / "run_stage.sh"
 SWEEP_FILE = REPO / "sweeps" / "configs" / "gpu_depth.py"
 PLANTED_A, PLANTED_B = 5.2, 0.0555  # transitions 1.38× wider (1.9× larger) than the paper's fit
@@ -147,16 +146,12 @@ def test_stage_2_needs_chosen_sizes_of_its_own_design(tmp_path, monkeypatch):
 
 
 def test_shellcheck_clean():
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck binary not installed (apt-get install shellcheck); CI installs it")
-    out = subprocess.run(["shellcheck", "-x", str(SCRIPT)], capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 0, out.stdout + out.stderr
+    helpers.assert_shellcheck_clean(SCRIPT, "-x")
 
 
 def run_stage(*args, timeout=900, **env):
     environment = tiny.env(PYTHON=sys.executable, GPU_DEPTH_MICRO="1", **env)
-    return subprocess.run([str(SCRIPT), *map(str, args)], cwd=REPO, env=environment, capture_output=True,
-                          text=True, timeout=timeout)
+    return helpers.run([SCRIPT, *args], env=environment, timeout=timeout)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -225,9 +220,8 @@ def test_micro_experiment_end_to_end_in_budgets(tmp_path):
     second = run_stage("--stage", "1", "--budget", "15m", *common, **env)
     assert second.returncode == 0, second.stdout + second.stderr
     sizes = tmp_path / "stage2.json"
-    chooser = subprocess.run([sys.executable, "-m", "sweeps.configs.gpu_depth", "choose",
-                              str(runs / "gpu_depth_micro"), "--out", str(sizes), "--loss-std", "0.02"],
-                             cwd=REPO, env=tiny.env(GPU_DEPTH_MICRO="1"), capture_output=True, text=True, timeout=120)
+    chooser = helpers.run_module("sweeps.configs.gpu_depth", "choose", runs / "gpu_depth_micro", "--out", sizes,
+                                 "--loss-std", "0.02", env=tiny.env(GPU_DEPTH_MICRO="1"), timeout=120)
     assert chooser.returncode == 0, chooser.stderr
     third = run_stage("--stage", "2", "--budget", "30m", *common, "--out", tmp_path / "stage2.tar.gz",
                       GPU_DEPTH_SIZES=str(sizes), **env)

@@ -2,16 +2,15 @@
 for the sweep launcher, and one line of description for every subcommand."""
 
 import argparse
-import os
-import subprocess
 import sys
 import textwrap
 import tomllib
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+import helpers
+from helpers import REPO
+
 HEAVY = ("jax", "flax", "optax", "orbax")  # what made --help take seconds
 
 # module run by `python -m`, the function building its parser
@@ -24,7 +23,7 @@ ENTRY_POINTS = {
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"}
+    return helpers.with_checkout(COLUMNS="80")
 
 
 def _imported(importtime_log: str) -> set:
@@ -38,8 +37,7 @@ def _imported(importtime_log: str) -> set:
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_help_answers_without_jax_and_names_the_module(module):
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", module, "--help"], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    done = helpers.run([sys.executable, "-X", "importtime", "-m", module, "--help"], env=_env(), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith(f"usage: python -m {module} ")
     imported = _imported(done.stderr)
@@ -76,15 +74,13 @@ def test_console_script_help_is_named_as_typed_and_imports_no_jax(script):
         assert not heavy, heavy
         print(out.getvalue())
     """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=120)
+    done = helpers.run_python(code, env=_env(), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith(f"usage: {script} "), done.stdout[:200]
 
 
 def test_sweep_help_is_short_and_plain():
-    done = subprocess.run([sys.executable, "-m", "sweeps.launch", "--help"], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    done = helpers.run_module("sweeps.launch", "--help", env=_env(), timeout=120)
     assert done.returncode == 0
     lines = done.stdout.splitlines()
     assert len(lines) <= 30, done.stdout

@@ -5,20 +5,14 @@ The Cloud TPU VM case runs against a stub GCE metadata server on 127.0.0.1
 worker 2 of a v5litepod-16 (4 hosts of 4 chips). No TPU is involved.
 """
 
-import http.server
 import json
-import os
-import socket
-import subprocess
-import sys
-import threading
-from pathlib import Path
 
 import pytest
 
+import helpers
+from helpers import clean_env
 from sweeps import hosts
 
-REPO = Path(__file__).resolve().parents[1]
 V5E_16 = {  # what the metadata server of worker 2 of a v5litepod-16 answers
     "agent-worker-number": "2",
     "worker-network-endpoints": ",".join(f"t1v-n-1234-w-{i}:{i}:10.130.0.{10 + i}" for i in range(4)),
@@ -35,49 +29,20 @@ def metadata_server():
     """A stub of the GCE metadata server; yields (address, list of requested keys)."""
     requested = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
-            prefix = "/computeMetadata/v1/instance/attributes/"
-            key = self.path[len(prefix):] if self.path.startswith(prefix) else None
-            if self.headers.get("Metadata-Flavor") != "Google":
-                self.send_response(403)
-                self.end_headers()
-                return
-            requested.append(key)
-            if key not in V5E_16:
-                self.send_response(404)
-                self.end_headers()
-                return
-            body = V5E_16[key].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(path, headers):
+        prefix = "/computeMetadata/v1/instance/attributes/"
+        key = path[len(prefix):] if path.startswith(prefix) else None
+        if headers.get("Metadata-Flavor") != "Google":
+            return 403, b""
+        requested.append(key)
+        return (200, V5E_16[key].encode()) if key in V5E_16 else (404, b"")
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", requested
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TPU_", "SLURM_", "JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
-                                "GCE_METADATA"))}
-    env.update(extra)
-    return env
+    with helpers.serve_http(answer) as address:
+        yield address, requested
 
 
 def hosts_cli(*args, env):
-    result = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = helpers.run_module("sweeps.launch", "hosts", *args, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -141,15 +106,13 @@ def test_hosts_command_never_starts_a_jax_backend(metadata_server):
     code = ("from sweeps import launch; from jax._src import xla_bridge; "
             "assert launch.main(['hosts', '--pod-wide', '--json']) == 0; "
             "assert not xla_bridge._backends, xla_bridge._backends")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(GCE_METADATA_IP=address),
-                            capture_output=True, text=True, timeout=60)
+    result = helpers.run_python(code, env=clean_env(GCE_METADATA_IP=address), timeout=60)
     assert result.returncode == 0, result.stderr
 
 
 def test_unreachable_metadata_server_is_one_error_line():
     env = clean_env(GCE_METADATA_IP="127.0.0.1:9")  # the discard port: nothing listens
-    result = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--json"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = helpers.run_module("sweeps.launch", "hosts", "--json", env=env, timeout=60)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "metadata server" in result.stderr and "--shard" in result.stderr
 
@@ -208,27 +171,22 @@ def test_one_host_accelerator_type(slice_type, host_type):
 
 def test_check_starts_jax_as_run_would_and_reports_what_it_sees(metadata_server):
     address, _ = metadata_server
-    local = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--check", "--json"], cwd=REPO,
-                           env=clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-                           capture_output=True, text=True, timeout=120)
+    local = helpers.run_module("sweeps.launch", "hosts", "--check", "--json", timeout=120,
+                               env=clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4"))
     assert local.returncode == 0, local.stderr
     facts = json.loads(local.stdout)["check"]
     assert facts == {"device_count": 4, "local_device_count": 4, "process_count": 1, "process_index": 0,
                      "platform": "cpu"}
     # One explicit process in pod-wide mode: jax.distributed really starts, and the check agrees.
-    port = socket.socket()
-    port.bind(("127.0.0.1", 0))
-    coordinator = f"127.0.0.1:{port.getsockname()[1]}"
-    port.close()
-    pod = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--pod-wide", "--check"], cwd=REPO,
-                         env=clean_env(JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES="1",
-                                       JAX_PROCESS_ID="0"), capture_output=True, text=True, timeout=120)
+    coordinator = f"127.0.0.1:{helpers.free_port()}"
+    pod = helpers.run_module("sweeps.launch", "hosts", "--pod-wide", "--check", timeout=120,
+                             env=clean_env(JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=coordinator,
+                                           JAX_NUM_PROCESSES="1", JAX_PROCESS_ID="0"))
     assert pod.returncode == 0, pod.stderr
     assert "mode pod-wide, shard 0/1, process 0 of 1" in pod.stdout
     # A "TPU worker" whose JAX runs on the CPU: the check says so and fails, before any money is spent.
-    tpu = subprocess.run([sys.executable, "-m", "sweeps.launch", "hosts", "--check"], cwd=REPO,
-                         env=clean_env(JAX_PLATFORMS="cpu", GCE_METADATA_IP=address), capture_output=True, text=True,
-                         timeout=120)
+    tpu = helpers.run_module("sweeps.launch", "hosts", "--check", timeout=120,
+                             env=clean_env(JAX_PLATFORMS="cpu", GCE_METADATA_IP=address))
     assert tpu.returncode == 1
     assert "mode host-parallel, shard 2/4, process 0 of 1" in tpu.stdout and "PROBLEM: JAX runs on cpu" in tpu.stdout
 
@@ -252,28 +210,15 @@ def test_metadata_reads_are_retried_as_jax_retries_them(monkeypatch):
     answers = iter([503, 500, 200])
     requested = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
-            requested.append(self.path)
-            code = next(answers, 503)
-            body = b"2" if code == 200 else b""
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(path, headers):
+        requested.append(path)
+        code = next(answers, 503)
+        return code, b"2" if code == 200 else b""
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setattr(hosts, "METADATA_RETRY_SECONDS", 0.01)
-    try:
-        environ = {"GCE_METADATA_IP": f"127.0.0.1:{server.server_address[1]}"}
+    with helpers.serve_http(answer) as address:
+        environ = {"GCE_METADATA_IP": address}
         assert hosts.read_metadata(environ, "agent-worker-number") == "2" and len(requested) == 3
         with pytest.raises(hosts.HostError, match="HTTP 503 .6 tries"):
             hosts.read_metadata(environ, "agent-worker-number")  # answers 503 from now on
         assert len(requested) == 3 + hosts.METADATA_TRIES
-    finally:
-        server.shutdown()
-        server.server_close()

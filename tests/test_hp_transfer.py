@@ -1,15 +1,13 @@
 """The learning-rate transfer experiment: its sweep file and its analysis (``python -m analysis hp-transfer``)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from analysis import __main__ as analysis_cli
 from analysis import hp_transfer
+from helpers import REPO
 from sweeps import spec
-
-REPO = Path(__file__).resolve().parents[1]
 RATES = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
 
 

@@ -5,29 +5,24 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+import helpers
 import tiny
+from helpers import REPO
 from scaling import records, train
 from sweeps import launch, spec
 
-REPO = Path(__file__).resolve().parents[1]
 write_sweep = tiny.write_sweep  # (directory, name, grid, steps=..., ...): a sweep file of the tiny runs
 
 
-def launcher(*args):
-    return [sys.executable, "-m", "sweeps.launch", *map(str, args)]
-
-
-def run_cli(*args, env=None, timeout=900):
-    # Generous: a 4-run sweep takes about 1 minute alone, but over 5 minutes beside two training jobs on 2 cores.
-    return subprocess.run(launcher(*args), cwd=REPO, env=env or tiny.env(), capture_output=True, text=True,
-                          timeout=timeout)
+def run_cli(*args, env=None):
+    """``python -m sweeps.launch args`` in a trainer's environment (default ``tiny.env()``)."""
+    return helpers.run_module("sweeps.launch", *args, env=env or tiny.env())
 
 
 def results(sweep_dir: Path) -> dict:
@@ -120,8 +115,7 @@ def test_killed_sweep_resumes_without_retraining_finished_runs(tmp_path):
     pause = tmp_path / "paused"
     command = tiny.paused_command(pause, f"{big_dir.name}@6", "sweeps.launch", "run", sweep_file, "--workdir",
                                   workdir)
-    proc = subprocess.Popen(command, cwd=REPO, env=tiny.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = helpers.start(command, env=tiny.env(), merge_stderr=True, start_new_session=True)
     tiny.wait_for(lambda: pause.exists() and (big_dir / "checkpoints" / "4").exists(), 300, proc)
     assert (small_dir / "result.json").exists()
     os.killpg(proc.pid, signal.SIGKILL)  # the machine dies: launcher and everything it started
@@ -372,8 +366,7 @@ def test_listing_never_starts_a_jax_backend(tmp_path):
             assert launch.main([command, {paper!r}, "--workdir", {str(tmp_path)!r}]) == 0
         assert not xla_bridge._backends, xla_bridge._backends
     """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=tiny.env(), capture_output=True,
-                          text=True, timeout=120)
+    done = helpers.run_python(code, env=tiny.env(), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "L48-d1600-s2" in done.stdout
 
@@ -413,8 +406,7 @@ def test_sweep_file_errors_give_one_error_line(tmp_path, capsys):
 
 def test_preflight_is_dispatched_lazily(tmp_path, monkeypatch):
     # Importing the launcher must not import the preflight (and, through it, libtpu's compiler path).
-    probe = subprocess.run([sys.executable, "-c", "import sys, sweeps.launch; print('sweeps.preflight' in sys.modules)"],
-                           capture_output=True, text=True, check=True, cwd=REPO)
+    probe = helpers.run_python("import sys, sweeps.launch; print('sweeps.preflight' in sys.modules)", check=True)
     assert probe.stdout.strip() == "False"
     from sweeps import preflight
 
@@ -471,8 +463,8 @@ def test_an_unwritable_run_dir_is_reported_and_the_others_train(tmp_path, capsys
 def test_piped_output_closes_quietly(tmp_path):
     sweep = write_sweep(tmp_path, "mini", PAIR)
     # `true` exits without reading, so the launcher writes into a closed pipe.
-    done = subprocess.run(["bash", "-c", f"{sys.executable} -m sweeps.launch list {sweep} --workdir runs | true"],
-                          cwd=tmp_path, env=tiny.env(), capture_output=True, text=True, timeout=120)
+    done = helpers.run(["bash", "-c", f"{sys.executable} -m sweeps.launch list {sweep} --workdir runs | true"],
+                       cwd=tmp_path, env=tiny.env(), timeout=120)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
 

@@ -2,12 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+import helpers
 import tiny
 from scaling import lease, records, stopping
 
@@ -88,8 +87,7 @@ def test_a_trainer_whose_lease_was_taken_over_stops_without_writing(tmp_path, mo
 
 
 def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = helpers.run_python("import os; print(os.getpid())", check=True).stdout.strip()
     import socket
     import time
 
@@ -110,11 +108,9 @@ def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
 
 def test_two_launchers_on_one_workdir_train_each_run_once(tmp_path):
     sweep = tiny.write_sweep(tmp_path, "mini", "depths=(1, 2), widths={1: (16, 32), 2: (16,)}", wandb="offline")
-    procs = [subprocess.Popen([sys.executable, "-m", "sweeps.launch", "run", str(sweep), "--workdir", "runs"],
-                              cwd=tmp_path, env=tiny.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-             for _ in range(2)]
-    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    command = helpers.module_command("sweeps.launch", "run", sweep, "--workdir", "runs")
+    procs = [helpers.start(command, cwd=tmp_path, env=tiny.env(), merge_stderr=True) for _ in range(2)]
+    outputs = [done.stdout for done in helpers.finish(procs, timeout=600)]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     dirs = tiny.run_dirs(tmp_path / "runs")
     assert len(dirs) == 3

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from scaling import budget, flops
 from scaling.config import ModelConfig, TrainConfig, config_id, override
 from scaling.model import Transformer, _ACTIVATIONS, init_params, rotary_positions
@@ -103,14 +104,11 @@ def test_llama_model_is_causal_and_learns_positions_through_rotation():
 
 
 def test_the_tiny_preset_trains_with_the_llama_block_from_the_command_line(tmp_path):
-    import subprocess
-    import sys
-
     from scaling import records
 
-    done = subprocess.run([sys.executable, "-m", "scaling.train", "--config", "tiny", "--workdir", str(tmp_path / "run"),
-                           "--set", "model.block=llama", "--set", "steps=30", "--set", "eval_every=0",
-                           "--no-progress"], capture_output=True, text=True, timeout=600)
+    done = helpers.run_module("scaling.train", "--config", "tiny", "--workdir", tmp_path / "run", "--set",
+                              "model.block=llama", "--set", "steps=30", "--set", "eval_every=0", "--no-progress",
+                              timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     record = records.read_record(tmp_path / "run")
     assert record.status == "finished" and math.isfinite(record.final_eval_loss)

@@ -4,16 +4,12 @@ Checked without the package index: it pins every dependency of pyproject.toml an
 its range, the packages a checkpoint depends on agree with each other, and both SkyPilot tasks install
 with it. The slow test resolves the install against the lock with pip (it asks the index)."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
 
+import helpers
+from helpers import REPO
 from sweeps import lockfile
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_lock_pins_every_dependency_within_its_range():
@@ -35,11 +31,9 @@ def test_problems_names_what_is_missing_or_out_of_range():
 def test_check_command_reports_a_stale_lock(tmp_path):
     stale = tmp_path / "constraints.txt"
     stale.write_text("jax==0.4.30\n")
-    done = subprocess.run([sys.executable, "-m", "sweeps.lockfile", "--check", "--output", str(stale)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = helpers.run_module("sweeps.lockfile", "--check", "--output", stale, timeout=60)
     assert done.returncode == 1 and "jax: pinned 0.4.30, outside >=0.10" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "sweeps.lockfile", "--check"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    done = helpers.run_module("sweeps.lockfile", "--check", timeout=60)
     assert done.returncode == 0, done.stderr
 
 

@@ -7,8 +7,6 @@ read from the compiled CPU program with ``sweeps.roofline.collective_traffic``.
 
 import contextlib
 import dataclasses
-import socket
-import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
+import helpers
 import tiny
 from scaling import mesh as mesh_lib, program as program_lib, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
@@ -63,21 +62,14 @@ def test_params_are_created_sharded(eight_devices):
     assert kernel.addressable_shards[0].data.shape == (2, 16, 64)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_processes_reproduce_the_eight_device_run(tmp_path, eight_device_run):
-    port = _free_port()
+    port = helpers.free_port()
     workdir = tmp_path / "multi"
     command = tiny.train_command(small_config(mesh=EIGHT), workdir, tmp_path / "config.json", "--coordinator",
                                  f"127.0.0.1:{port}", "--num-processes", "2")
-    procs = [subprocess.Popen(command + ["--process-id", str(i)], env=tiny.env(devices=4), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    procs = [helpers.start(command + ["--process-id", str(i)], env=tiny.env(devices=4), merge_stderr=True)
              for i in range(2)]
-    outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+    outputs = [done.stdout for done in helpers.finish(procs, timeout=300)]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     np.testing.assert_allclose(tiny.losses(workdir), tiny.losses(eight_device_run[0]), rtol=1e-4)
 

@@ -6,12 +6,13 @@ They are executed here on copies (nbclient, kernel python3, in notebooks/);
 
 import re
 import sys
-from pathlib import Path
 
 import nbformat
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+from helpers import REPO
+
+NOTEBOOKS = REPO / "notebooks"
 sys.path.insert(0, str(NOTEBOOKS))
 import execute  # noqa: E402  (notebooks/execute.py)
 

@@ -11,11 +11,10 @@ import json
 import subprocess
 import sys
 import venv
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 
 @pytest.mark.slow
@@ -25,7 +24,7 @@ def test_every_extra_resolves_together_with_the_pip_a_new_venv_ships(tmp_path):
     report = tmp_path / "report.json"
     out = subprocess.run(
         [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-         "-e", f"{ROOT}[dev,tpu,cloud]"],
+         "-e", f"{REPO}[dev,tpu,cloud]"],
         capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"]

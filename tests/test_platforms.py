@@ -1,15 +1,12 @@
 """A CPU machine with libtpu installed (the tpu extra) starts JAX without a word about TPUs."""
 
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+import helpers
 from scaling import platforms
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_cpu_only_exactly_when_libtpu_is_installed_without_a_tpu_gpu_or_choice():
@@ -54,7 +51,7 @@ def require_libtpu_on_a_cpu_machine():
 def test_a_cpu_start_with_libtpu_installed_prints_nothing_about_tpus(command):
     require_libtpu_on_a_cpu_machine()
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # as a user's shell has it
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = helpers.run(command, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     for word in ("TPU", "tpu", "E0000", "libtpu"):
         assert word not in done.stderr, done.stderr

@@ -8,24 +8,19 @@
 """
 
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+import helpers
 from scaling import mesh as mesh_lib
 from scaling import records, stopping
 from scaling.config import MeshConfig
 from sweeps import spec
-
-REPO = Path(__file__).resolve().parents[1]
 
 SWEEP = '''"""Two tiny runs for the pod-wide test."""
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
@@ -93,34 +88,17 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_pair(tmp_path, sweep_file, workdirs) -> list:
     """Two launcher processes, ``run --pod-wide``, as one JAX job on 2 × 4 CPU devices (gloo)."""
-    port, processes = free_port(), []
+    port, processes = helpers.free_port(), []
     for index, workdir in enumerate(workdirs):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "GCE_METADATA"))}
-        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
-                   POD_TEST_REPORT=str(tmp_path / f"report{index}.json"), PYTHONPATH=str(REPO),
-                   WANDB_MODE="disabled")
-        processes.append(subprocess.Popen(
-            [sys.executable, str(tmp_path / "driver.py"), "run", str(sweep_file), "--workdir", str(workdir),
-             "--pod-wide"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = helpers.with_checkout(helpers.clean_env(
+            JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
+            POD_TEST_REPORT=str(tmp_path / f"report{index}.json"), WANDB_MODE="disabled"))
+        processes.append(helpers.start([sys.executable, tmp_path / "driver.py", "run", sweep_file, "--workdir",
+                                        workdir, "--pod-wide"], env=env, merge_stderr=True))
     return processes
-
-
-def finish(processes, timeout=400) -> list[str]:
-    try:
-        return [process.communicate(timeout=timeout)[0] for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
 
 
 @pytest.mark.slow
@@ -151,7 +129,7 @@ def test_two_processes_pod_wide_train_the_same_runs_despite_a_stale_record(tmp_p
 
     started = time.perf_counter()
     processes = start_pair(tmp_path, sweep_file, (shared, view))
-    outputs = finish(processes)
+    outputs = [done.stdout for done in helpers.finish(processes, timeout=400)]
     print(f"two-process pod-wide sweep: {time.perf_counter() - started:.1f} s")
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output[-3000:]
@@ -199,7 +177,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
         assert time.time() < deadline and all(p.poll() is None for p in processes), "no checkpoint appeared"
         time.sleep(0.2)
     processes[1].send_signal(signal.SIGTERM)  # only process 1 hears it, as when one host is preempted
-    outputs = finish(processes, timeout=300)
+    outputs = [done.stdout for done in helpers.finish(processes, timeout=300)]
     assert [p.returncode for p in processes] == [stopping.PREEMPTED_EXIT_CODE] * 2, outputs[0][-2000:] + outputs[1][-2000:]
     reports = [json.loads((tmp_path / f"report{i}.json").read_text()) for i in range(2)]
     assert reports[0]["checked_steps"] == reports[1]["checked_steps"]  # the same check steps on both

@@ -1,11 +1,12 @@
 """The pod cost report's arithmetic: chip-hours and dollars from step times, and GPT-3 XL's ICI against FSDP's."""
 
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
 import pod_report  # noqa: E402
 
 PRICES = {"on_demand": 1.0, "spot": 0.25}

@@ -6,22 +6,13 @@ import jax
 import numpy as np
 import pytest
 
+import tiny
 from sweeps import launch
 
-# A shape no other test trains (width 24, sequence 24), so this process has not built it yet.
-SWEEP = '''"""One shape, three seeds, two learning rates."""
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeps.spec import Sweep
-
-
-def sweep():
-    base = TrainConfig(
-        model=ModelConfig(head_dim=8, max_seq_len=24), data=DataConfig(source="builtin", seq_len=24),
-        optim=OptimConfig(warmup_steps=1), steps=3, batch_size=8, eval_every=0, eval_batches=1,
-        eval_at_start=False, checkpoint_every=3, log_every=1, wandb_mode="disabled")
-    return Sweep(name="shared", base=base, depths=(1,), widths={1: (24,)}, seeds=(0, 1, 2),
-                 lr_grid=(1e-3, 3e-3), multiple_of=8)
-'''
+# A shape no other test trains (width 24, sequence 24), so this process has not built it yet: three seeds
+# and two learning rates of it.
+SWEEP = tiny.sweep_text("shared", "depths=(1,), widths={1: (24,)}, seeds=(0, 1, 2), lr_grid=(1e-3, 3e-3)",
+                        steps=3, checkpoint_every=3, warmup_steps=1, head_dim=8, seq_len=24, eval_at_start=False)
 
 
 @pytest.fixture

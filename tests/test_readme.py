@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 MAIN_JOB = "The main job"
 MARKER = re.compile(r"<!--\s*readme-test:\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```(\S*)\n(.*?)^```\n", flags=re.S | re.M)

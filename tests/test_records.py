@@ -1,22 +1,18 @@
 """Run records: one record type, written whole, read back or named when damaged."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import helpers
 import tiny
+from helpers import REPO
 from scaling import records
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
-               PYTHONPATH=str(REPO))
+    env = helpers.with_checkout(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true")
     env.pop("XLA_FLAGS", None)
     return env
 
@@ -113,9 +109,8 @@ def test_launcher_status_on_a_version_1_record_is_one_line_naming_the_migration(
     (run_dir / "result.json").write_text(json.dumps({"run_id": run.run_id, "status": "finished", "depth": 1,
                                                      "width": 16, "seed": 0, "params_non_embedding": 3072,
                                                      "final_eval_loss": 2.0}))
-    done = subprocess.run([sys.executable, "-m", "sweeps.launch", "status", str(sweep_file), "--workdir",
-                           str(tmp_path / "runs")], cwd=tmp_path, env=tiny.env(), capture_output=True, text=True,
-                          timeout=600)
+    done = helpers.run_module("sweeps.launch", "status", sweep_file, "--workdir", tmp_path / "runs", cwd=tmp_path,
+                              env=tiny.env(), timeout=600)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [f"python -m sweeps.launch status: error: {run_dir}/result.json: "
                                                 f"a run record of schema version 1, this code reads 2; upgrade the "
@@ -135,7 +130,7 @@ def test_find_records_lists_every_depth_in_the_callers_form(tmp_path, monkeypatc
 
 def test_records_import_without_jax():
     code = "import sys, scaling.records, scaling.record_checks, scaling.lease; assert 'jax' not in sys.modules, sorted(sys.modules)"
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), check=True)
+    helpers.run_python(code, env=_env(), check=True)
 
 
 # ---------------------------------------------------------------------------

@@ -4,8 +4,8 @@ a record is stamped with."""
 import json
 import shutil
 import subprocess
-import sys
 
+import helpers
 import tiny
 from scaling.config import to_dict
 
@@ -14,9 +14,8 @@ def test_a_finished_run_dir_refuses_another_config(tmp_path, tiny_reference):
     shutil.copytree(tiny_reference[0], tmp_path / "run")  # a finished run of tiny.config()
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(to_dict(tiny.config())))
-    cli = [sys.executable, "-m", "scaling.train", "--config", str(config_file), "--workdir", "run", "--no-progress"]
-    other = subprocess.run(cli + ["--set", "model.depth=2"], cwd=tmp_path, env=tiny.env(), capture_output=True,
-                           text=True)
+    other = helpers.run_module("scaling.train", "--config", config_file, "--workdir", "run", "--no-progress", "--set",
+                               "model.depth=2", cwd=tmp_path, env=tiny.env())
     assert other.returncode == 2
     assert other.stderr.strip().count("\n") == 0 and "holds run" in other.stderr, other.stderr
 

@@ -6,28 +6,16 @@ replaced by a recorder that prints its arguments as JSON. No SLURM needed.
 
 import json
 import os
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
-import pytest
+import helpers
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SBATCH = REPO / "gpu" / "slurm_sweep.sbatch"
 
 
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(extra)
-    return env
-
-
 def test_shellcheck_clean():
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck binary not installed (apt-get install shellcheck); CI installs it")
-    out = subprocess.run(["shellcheck", "-x", str(SBATCH)], capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 0, out.stdout + out.stderr
+    helpers.assert_shellcheck_clean(SBATCH, "-x")
 
 
 # --- the SLURM example ---------------------------------------------------------
@@ -41,9 +29,8 @@ def run_sbatch(tmp_path, *args, **env):
     srun = bin_dir / "srun"
     srun.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     srun.chmod(0o755)
-    full_env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **env)
-    return subprocess.run([str(SBATCH), *args], capture_output=True,
-                          text=True, cwd=tmp_path, env=full_env, stdin=subprocess.DEVNULL, timeout=30)
+    full_env = helpers.clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **env)
+    return helpers.run([SBATCH, *args], cwd=tmp_path, env=full_env, timeout=30)
 
 
 SLURM_ENV = {"SLURM_JOB_ID": "42", "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2"}

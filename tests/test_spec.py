@@ -3,16 +3,14 @@
 import dataclasses
 import json
 import random
-from pathlib import Path
 
 import pytest
 
 import tiny
+from helpers import REPO
 from scaling import budget
 from sweeps import launch, spec
 from sweeps.spec import Sweep
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 write_sweep = tiny.write_sweep  # (directory, name, grid, ...): a sweep file of the tiny runs

@@ -9,42 +9,24 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 import pytest
 
+import helpers
 import tiny
 from scaling import records, train
 from scaling.stopping import PREEMPTED_EXIT_CODE, Stop
 from sweeps import launch
 
 
-def _final_params(run_dir):
-    manager = ocp.CheckpointManager(Path(run_dir) / "checkpoints", item_names=("state", "meta"))
-    step = manager.latest_step()
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    return step, restored["state"]["params"]
-
-
 def _wandb_run_ids(run_dir) -> set:
     return {p.name.rsplit("-", 1)[-1] for p in (Path(run_dir) / "wandb").glob("offline-run-*")}
-
-
-def _paused_run(tmp_path, config, pause_step: int, **popen):
-    """A trainer process into ``tmp_path/run``, paused after it logs ``pause_step``: (process, pause file)."""
-    pause = tmp_path / "paused"
-    command = tiny.train_command(config, tmp_path / "run", tmp_path / "config.json", pause_file=pause,
-                                 pause_step=pause_step)
-    proc = subprocess.Popen(command, cwd=tmp_path, env=tiny.env(), stdout=subprocess.PIPE, text=True, **popen)
-    tiny.wait_for(pause.exists, 300, proc)
-    return proc, pause
 
 
 def test_sigkill_then_restart_matches_an_uninterrupted_run(tmp_path):
@@ -53,23 +35,23 @@ def test_sigkill_then_restart_matches_an_uninterrupted_run(tmp_path):
     reference_dir = tmp_path / "reference"
     reference_cli = tiny.train_command(dataclasses.replace(config, wandb_mode="disabled"), reference_dir,
                                        tmp_path / "reference.json")
-    subprocess.run(reference_cli, env=tiny.env(), check=True, capture_output=True)
+    helpers.run(reference_cli, env=tiny.env(), check=True)
     reference = json.loads((reference_dir / "result.json").read_text())
     # Killed once rows past the checkpoint of step 4 are on disk, so the resume must cut them.
-    proc, _ = _paused_run(tmp_path, config, pause_step=6, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, _ = tiny.paused_run(config, tmp_path / "run", tmp_path, pause_step=6, cwd=tmp_path, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     workdir = tmp_path / "run"
     tiny.wait_for(lambda: (workdir / "checkpoints" / "4").exists(), 120, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # like a machine dying: the trainer and its helpers
     proc.wait()
     assert not (workdir / "result.json").exists()
     assert max(tiny.metric_steps(workdir)) > 4 and not (workdir / "checkpoints" / str(tiny.STEPS)).exists()
-    restarted = subprocess.run(tiny.train_command(config, workdir, tmp_path / "config.json"), env=tiny.env(),
-                               capture_output=True, text=True)
+    restarted = helpers.run(tiny.train_command(config, workdir, tmp_path / "config.json"), env=tiny.env())
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     resumed = json.loads((workdir / "result.json").read_text())
     assert resumed["final_eval_loss"] == reference["final_eval_loss"]  # bitwise on CPU
-    step_a, params_a = _final_params(reference_dir)
-    step_b, params_b = _final_params(workdir)
+    step_a, params_a = tiny.final_params(reference_dir)
+    step_b, params_b = tiny.final_params(workdir)
     assert step_a == step_b == tiny.STEPS
     jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
     assert _wandb_run_ids(workdir) == {resumed["wandb_id"]}  # the restart continued the same wandb run
@@ -79,7 +61,8 @@ def test_sigkill_then_restart_matches_an_uninterrupted_run(tmp_path):
 
 def test_sigterm_saves_and_exits_then_resumes(tmp_path):
     config = tiny.config(checkpoint_every=1000, wandb_mode="offline")
-    proc, pause = _paused_run(tmp_path, config, pause_step=2, stderr=subprocess.STDOUT)
+    proc, pause = tiny.paused_run(config, tmp_path / "run", tmp_path, pause_step=2, cwd=tmp_path,
+                                  stderr=subprocess.STDOUT)
     workdir = tmp_path / "run"
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
@@ -102,7 +85,8 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path):
 
 def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
     config = tiny.config(checkpoint_every=1000)
-    proc, pause = _paused_run(tmp_path, config, pause_step=2, stderr=subprocess.PIPE)
+    proc, pause = tiny.paused_run(config, tmp_path / "run", tmp_path, pause_step=2, cwd=tmp_path,
+                                  stderr=subprocess.PIPE)
     workdir = tmp_path / "run"
     proc.send_signal(signal.SIGINT)
     pause.unlink()
@@ -131,24 +115,13 @@ def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
             print("still running", flush=True)
     """)
     sent = time.time()
-    twice = subprocess.run([sys.executable, "-c", code], env=tiny.env(), capture_output=True, text=True,
-                           timeout=60)
+    twice = helpers.run_python(code, env=tiny.env(), timeout=60)
     assert twice.returncode == 130 and time.time() - sent < 25, twice.stderr
     assert twice.stdout == "asked to stop: True SIGINT\n" and "interrupted again: exiting now" in twice.stderr
 
 
-SWEEP = '''"""Two tiny runs."""
-from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeps.spec import Sweep
-
-
-def sweep():
-    base = TrainConfig(
-        model=ModelConfig(head_dim=16, max_seq_len=32), data=DataConfig(source="builtin", seq_len=32),
-        optim=OptimConfig(warmup_steps=1), steps=2, batch_size=8, eval_every=0, eval_batches=1,
-        eval_at_start=False, checkpoint_every=2, log_every=1, wandb_mode="disabled")
-    return Sweep(name="two", base=base, depths=(1,), widths={1: (16, 32)}, multiple_of=16)
-'''
+SWEEP = tiny.sweep_text("two", "depths=(1,), widths={1: (16, 32)}", steps=2, checkpoint_every=2, warmup_steps=1,
+                        eval_at_start=False)  # two tiny runs
 
 
 def test_listening_nests_and_restores_the_handlers():

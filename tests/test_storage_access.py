@@ -4,18 +4,15 @@ of client retries and tracebacks; a reachable emulator bucket still works."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
-import subprocess
-import sys
-import threading
 
 import pytest
 
+import helpers
 import tiny
 from analysis import __main__ as analysis_cli
-from gcs_emulator import emulator_env, free_port
+from gcs_emulator import emulator_env
 from scaling import data, migrate_records, storage, train
 from scaling.storage import StorageAccessError, check_access
 from sweeps import launch
@@ -27,7 +24,7 @@ SMOKE = str(tiny.REPO / "sweeps" / "configs" / "smoke.py")
 @pytest.fixture
 def closed_port(monkeypatch) -> str:
     """``STORAGE_EMULATOR_HOST`` at a port on 127.0.0.1 that nothing listens on: its URL."""
-    url = f"http://127.0.0.1:{free_port()}"  # bound for a moment and released: connections are refused
+    url = f"http://127.0.0.1:{helpers.free_port()}"  # bound for a moment and released: connections are refused
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
     return url
 
@@ -73,35 +70,6 @@ def test_a_storage_that_accepts_but_never_answers_is_given_up_after_the_timeout(
     assert "no answer within 0.5 s" in _one_line(caught.value)
 
 
-class _Refusing:
-    """An HTTP server on 127.0.0.1 that answers every request with ``status`` and a Cloud Storage error body."""
-
-    def __init__(self, status: int, message: str):
-        self.paths: list[str] = []
-        refusing = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                refusing.paths.append(self.path)
-                body = json.dumps({"error": {"code": status, "message": message}}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.mark.parametrize("status, server_says, expected", [
     (401, "Anonymous caller does not have storage.objects.list access.",
      ["wants valid credentials", "gcloud auth application-default login", "GOOGLE_APPLICATION_CREDENTIALS"]),
@@ -112,21 +80,24 @@ class _Refusing:
 ])
 def test_an_http_refusal_is_one_request_and_one_line_with_its_likely_cause(monkeypatch, status, server_says,
                                                                           expected):
-    server = _Refusing(status, server_says)
-    try:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
+    paths = []
+
+    def refuse(path, headers):  # every request, with a Cloud Storage error body
+        paths.append(path)
+        return status, json.dumps({"error": {"code": status, "message": server_says}}).encode()
+
+    with helpers.serve_http(refuse, content_type="application/json") as address:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{address}")
         with pytest.raises(StorageAccessError) as caught:
             check_access("gs://my-bucket/sweeps/x/", "gs://my-bucket/other")  # one bucket: asked once
-    finally:
-        server.close()
     message = _one_line(caught.value)
     assert message.startswith("gs://my-bucket/sweeps/x/: ")
     assert f"HTTP {status}: {server_says}" in message
     for words in expected:
         assert words in message
-    assert len(server.paths) == 1  # no retries (gcsfs would send 6 for a 503)
-    assert server.paths[0].startswith("/storage/v1/b/my-bucket/o?")
-    assert "prefix=sweeps%2Fx&" in server.paths[0] + "&" and "maxResults=1" in server.paths[0]
+    assert len(paths) == 1  # no retries (gcsfs would send 6 for a 503)
+    assert paths[0].startswith("/storage/v1/b/my-bucket/o?")
+    assert "prefix=sweeps%2Fx&" in paths[0] + "&" and "maxResults=1" in paths[0]
 
 
 def test_local_and_empty_paths_are_not_checked(closed_port, tmp_path):
@@ -187,10 +158,9 @@ def test_the_trainer_checks_a_token_cache_on_gs_too(closed_port, capsys, tmp_pat
 
 def test_status_on_an_unreachable_bucket_is_one_line_from_the_command_line(tmp_path):
     """The issue's command as a user types it: it used to print 863 lines in 91 s and exit 0."""
-    url = f"http://127.0.0.1:{free_port()}"
-    done = subprocess.run([sys.executable, "-m", "sweeps.launch", "status", SMOKE, "--workdir", MISSING],
-                          cwd=tmp_path, env=emulator_env(url, tiny.env()), capture_output=True, text=True,
-                          timeout=60)
+    url = f"http://127.0.0.1:{helpers.free_port()}"
+    done = helpers.run_module("sweeps.launch", "status", SMOKE, "--workdir", MISSING, cwd=tmp_path,
+                              env=emulator_env(url, tiny.env()), timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout == ""
     assert done.stderr.splitlines() == [

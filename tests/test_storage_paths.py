@@ -10,20 +10,18 @@ may land on the local disk (the fixture checks).
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import pytest
 from etils import epath
 
 import tiny
 from analysis.results import load_runs
+from helpers import REPO
 from scaling import corpus, data, records, token_cache, train
 from scaling.config import DataConfig
 from scaling.metrics_log import read_metrics
 from scaling.track import Tracker
 from sweeps import launch, spec
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def keys(bucket) -> set[str]:

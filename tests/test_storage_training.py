@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -20,13 +19,12 @@ import fsspec
 import pytest
 from etils import epath
 
+import helpers
 import tiny
 from gcs_emulator import checkpoint_steps, env_for, keys, metric_steps
 from scaling import data, records, storage, token_cache
 from scaling.config import DataConfig
 from sweeps import launch
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def logged_through(run_dir: str) -> int:
@@ -69,9 +67,9 @@ def test_a_whole_sweep_on_gs_is_read_back_by_status_and_the_analysis(gcs, gcs_em
     sweep_file = tiny.write_sweep(tmp_path, "micro")
     workdir = f"{gcs}/sweeps"
     # The sweep's own process finds the storage through STORAGE_EMULATOR_HOST alone.
-    done = subprocess.run([sys.executable, "-m", "sweeps.launch", "run", str(sweep_file), "--workdir", workdir,
-                           "--set", f"data.cache_dir={tokens}"], env=env_for(gcs_emulator.url, tmp_path),
-                          capture_output=True, text=True, timeout=600)
+    done = helpers.run_module("sweeps.launch", "run", sweep_file, "--workdir", workdir, "--set",
+                              f"data.cache_dir={tokens}", env=env_for(gcs_emulator.url, tmp_path), cwd=Path.cwd(),
+                              timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "== sweep micro: 4 finished (of 4 runs)" in done.stdout
 
@@ -95,7 +93,7 @@ def test_a_whole_sweep_on_gs_is_read_back_by_status_and_the_analysis(gcs, gcs_em
 
     # A classification run of the log-length sweep, cut short, read back by `analysis log-length`.
     tiny.on_one_device(monkeypatch)
-    length = launch.main(["run", str(REPO / "sweeps/configs/log_length.py"), "--workdir", workdir, "--only",
+    length = launch.main(["run", str(helpers.REPO / "sweeps/configs/log_length.py"), "--workdir", workdir, "--only",
                           "first-n10-standard-L2-d16-s0", "--no-progress", "--set", "steps=4", "--set",
                           "checkpoint_every=2", "--set", "eval_batches=1", "--set", "log_every=2"])
     assert length == 0, capsys.readouterr()
@@ -110,21 +108,17 @@ def test_sigkill_mid_run_then_resume_matches_an_undisturbed_run(gcs, gcs_emulato
     # The reference runs in the same kind of process as the killed run (one CPU device); where it is stored
     # changes nothing it computes.
     reference = str(tmp_path / "reference")
-    subprocess.run(tiny.train_command(config, reference, tmp_path / "reference.json"), env=env, check=True,
-                   capture_output=True)
-    killed, pause = f"{gcs}/killed", tmp_path / "paused"
-    proc = subprocess.Popen(tiny.train_command(config, killed, tmp_path / "config.json", pause_file=pause,
-                                               pause_step=6),
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    helpers.run(tiny.train_command(config, reference, tmp_path / "reference.json"), env=env, cwd=Path.cwd(),
+                check=True)
+    killed = f"{gcs}/killed"
+    proc, _ = tiny.paused_run(config, killed, tmp_path, pause_step=6, environment=env, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     # Killed once rows past the checkpoint of step 4 are in the bucket, so the resume must cut them.
-    tiny.wait_for(lambda: pause.exists() and 4 in checkpoint_steps(killed) and logged_through(killed) > 4, 300,
-                  proc)
+    tiny.wait_for(lambda: 4 in checkpoint_steps(killed) and logged_through(killed) > 4, 300, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert records.read_record(killed) is None and tiny.STEPS not in checkpoint_steps(killed)
-    restarted = subprocess.run(tiny.train_command(config, killed, tmp_path / "config.json"), env=env,
-                               capture_output=True, text=True)
+    restarted = helpers.run(tiny.train_command(config, killed, tmp_path / "config.json"), env=env, cwd=Path.cwd())
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert records.read_record(killed).final_eval_loss == records.read_record(reference).final_eval_loss
     steps = metric_steps(killed)
@@ -160,10 +154,9 @@ def test_a_damaged_newest_checkpoint_in_the_bucket_falls_back_and_is_set_aside(g
 def test_two_launchers_on_one_gs_workdir_train_each_run_once(gcs, gcs_emulator, tmp_path):
     sweep_file = tiny.write_sweep(tmp_path, "micro", grid="depths=(1, 2), widths={1: (16, 32), 2: (16,)}")
     env = env_for(gcs_emulator.url, tmp_path)
-    command = [sys.executable, "-m", "sweeps.launch", "run", str(sweep_file), "--workdir", f"{gcs}/sweeps"]
-    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
-    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    command = helpers.module_command("sweeps.launch", "run", sweep_file, "--workdir", f"{gcs}/sweeps")
+    procs = [helpers.start(command, env=env, cwd=Path.cwd(), merge_stderr=True) for _ in range(2)]
+    outputs = [done.stdout for done in helpers.finish(procs, timeout=600)]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     run_dirs = sorted({key.split("/")[0] for key in keys(f"{gcs}/sweeps/micro") if key.endswith("/result.json")})
     assert len(run_dirs) == 3
@@ -198,21 +191,14 @@ sys.exit(train.main(sys.argv[1:]))
 
 
 def _two_processes(config, run_dir, tmp_path, env) -> list[subprocess.CompletedProcess]:
-    from gcs_emulator import free_port
-
     driver = tmp_path / "pod_driver.py"
     driver.write_text(POD_DRIVER)
     command = tiny.train_command(config, run_dir, tmp_path / "config.json")
     command[1:3] = [str(driver)]  # the driver instead of `-m scaling.train`
-    port = free_port()
-    procs = [subprocess.Popen(command + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-                                         "--process-id", str(i)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=400)
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return results
+    port = helpers.free_port()
+    return helpers.finish([helpers.start(command + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                                                    "--process-id", str(i)], env=env, cwd=Path.cwd())
+                           for i in range(2)], timeout=400)
 
 
 def test_two_processes_agree_on_the_checkpoint_to_resume_from(gcs, gcs_emulator, tmp_path, gs_reference):

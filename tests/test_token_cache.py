@@ -7,12 +7,9 @@ serves both)."""
 
 import dataclasses
 import json
-import os
 import pathlib
 import re
 import shlex
-import subprocess
-import sys
 from urllib.parse import unquote
 
 import numpy as np
@@ -20,17 +17,16 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
+import helpers
 from gcs_emulator import FaultProxy
+from helpers import REPO
 from scaling import corpus, data, token_cache
 from scaling.config import DataConfig
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [f"Document {i}: caf\u00e9 \u2014 {'word ' * (i % 7)}\u00fcber {i * i} \U0001f600 end." for i in range(60)]
 
-
-@pytest.fixture(autouse=True)
-def own_cache_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+# Token caches built on first use go under each test's directory (conftest.py).
+pytestmark = pytest.mark.usefixtures("own_cache_home")
 
 
 def jsonl_config(tmp_path, docs=DOCS, **overrides) -> tuple[DataConfig, pathlib.Path]:
@@ -65,12 +61,10 @@ def test_a_cache_serves_the_same_batches_after_the_source_is_gone(tmp_path, monk
     assert "train with --set data.cache_dir=" in capsys.readouterr().out
     path.unlink()
 
-    offline = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-               "XDG_CACHE_HOME": str(tmp_path / "empty")}
+    offline = helpers.with_checkout(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", XDG_CACHE_HOME=str(tmp_path / "empty"))
     words = token_cache.cache_command(config, directory).split()[4:]
-    fresh = subprocess.run([sys.executable, "-m", "scaling.data", "batch-hash", *words, "--seq-len", "16",
-                            "--seed", "7", "--step", "5", "--batch-size", "4"],
-                           env=offline, cwd=REPO, capture_output=True, text=True, timeout=120)
+    fresh = helpers.run_module("scaling.data", "batch-hash", *words, "--seq-len", "16", "--seed", "7", "--step", "5",
+                               "--batch-size", "4", env=offline, timeout=120)
     assert fresh.returncode == 0, fresh.stderr
     assert fresh.stdout.strip() == digests[5]
 

@@ -3,16 +3,13 @@
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
+import helpers
 import tiny
 from scaling import records, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig, to_dict
@@ -51,13 +48,6 @@ def test_training_time_leaves_out_loading_and_compiling_and_the_progress_line_sh
     assert abs(int(match.group(1)) - result.train_seconds) <= 0.6  # rounded to whole seconds
 
 
-def _final_params(run_dir):
-    manager = ocp.CheckpointManager(Path(run_dir) / "checkpoints", item_names=("state", "meta"))
-    step = manager.latest_step()
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    return step, restored["state"]["params"]
-
-
 def test_absurd_learning_rate_diverges_and_leaves_finite_checkpoints(tmp_path):
     # Warmup lets a few steps pass before the rate explodes, so checkpoints exist before the divergence.
     # (Two layers: the tiny run's one layer stays finite at this rate.)
@@ -68,7 +58,7 @@ def test_absurd_learning_rate_diverges_and_leaves_finite_checkpoints(tmp_path):
     result = tiny.run(config, tmp_path / "run")
     assert result.status == "diverged"
     assert 2 <= result.steps < 30
-    step, params = _final_params(tmp_path / "run")
+    step, params = tiny.final_params(tmp_path / "run")
     assert step >= 2
     assert all(np.isfinite(leaf).all() for leaf in jax.tree_util.tree_leaves(params))
     assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "diverged"
@@ -101,9 +91,8 @@ def test_bad_config_fails_before_compiling(tmp_path, eight_devices, changes, fie
 
 
 def test_cli_reports_bad_overrides_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "scaling.train", "--config", "tiny", "--workdir",
-                          str(tmp_path / "x"), "--set", "optim.lr_rule=sometimes"],
-                         env=tiny.env(), capture_output=True, text=True)
+    out = helpers.run_module("scaling.train", "--config", "tiny", "--workdir", tmp_path / "x", "--set",
+                             "optim.lr_rule=sometimes", env=tiny.env())
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "lr_rule" in out.stderr
 

@@ -15,17 +15,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import jax
 
+import helpers
+from helpers import REPO
 from scaling import train
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig, to_dict
 from scaling.metrics_log import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
 PAUSE = Path(__file__).resolve().parent / "pause.py"
 
 STEPS = 8
@@ -69,10 +71,8 @@ def xla_flags(devices: int | None = None) -> str:
 def env(devices: int | None = None, **extra) -> dict:
     """A trainer or launcher subprocess's environment: CPU (one device unless ``devices``), this checkout,
     the test session's XLA flags, quiet wandb."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_"))}
-    environment.update(JAX_PLATFORMS="cpu", WANDB_SILENT="true", PYTHONPATH=str(REPO), XLA_FLAGS=xla_flags(devices),
-                       **extra)
-    return environment
+    return helpers.clean_env(**{"JAX_PLATFORMS": "cpu", "WANDB_SILENT": "true", "PYTHONPATH": str(REPO),
+                                "XLA_FLAGS": xla_flags(devices), **extra})
 
 
 def train_command(config: TrainConfig, workdir, config_file: Path, *extra, pause_file=None,
@@ -82,7 +82,7 @@ def train_command(config: TrainConfig, workdir, config_file: Path, *extra, pause
     Path(config_file).write_text(json.dumps(to_dict(config)))
     arguments = ["--config", str(config_file), "--workdir", str(workdir), "--no-progress", *extra]
     if pause_file is None:
-        return [sys.executable, "-m", "scaling.train", *arguments]
+        return helpers.module_command("scaling.train", *arguments)
     return paused_command(pause_file, pause_step, "scaling.train", *arguments)
 
 
@@ -90,6 +90,30 @@ def paused_command(pause_file, when, module: str, *arguments) -> list[str]:
     """``python -m module arguments``, paused once a run logs a step: ``when`` is the step, or
     ``"RUN@STEP"`` for the run whose directory is named RUN (tests/pause.py)."""
     return [sys.executable, str(PAUSE), str(pause_file), str(when), module, *map(str, arguments)]
+
+
+def paused_run(config: TrainConfig, run_dir, tmp_path, pause_step: int, environment: dict | None = None,
+               **popen) -> tuple[subprocess.Popen, Path]:
+    """A trainer process for ``config`` into ``run_dir`` (local or gs://), paused after it logs
+    ``pause_step``: (process, pause file; delete it to let the run go on). Its config and pause files
+    are in ``tmp_path``; ``environment`` defaults to ``env()``; stdout is a text pipe; ``popen``: more of
+    ``subprocess.Popen``'s arguments (``cwd``, ``stderr``, ``start_new_session``...)."""
+    pause = Path(tmp_path) / "paused"
+    command = train_command(config, run_dir, Path(tmp_path) / "config.json", pause_file=pause, pause_step=pause_step)
+    proc = subprocess.Popen(command, env=env() if environment is None else environment, stdout=subprocess.PIPE,
+                            text=True, **popen)
+    wait_for(pause.exists, 300, proc)
+    return proc, pause
+
+
+def final_params(run_dir) -> tuple[int, dict]:
+    """The step and the parameters of a run's newest checkpoint (local run directory)."""
+    import orbax.checkpoint as ocp
+
+    manager = ocp.CheckpointManager(Path(run_dir) / "checkpoints", item_names=("state", "meta"))
+    step = manager.latest_step()
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return step, restored["state"]["params"]
 
 
 def wait_for(predicate, timeout: float, proc=None, interval: float = 0.02) -> None:
@@ -132,12 +156,12 @@ from sweeps.spec import Sweep
 
 def sweep():
     base = TrainConfig(
-        model=ModelConfig(head_dim=16, max_seq_len=32),
-        data=DataConfig(source="builtin", seq_len=32),
-        optim=OptimConfig(warmup_steps=2, {optim}),
-        steps={steps}, batch_size=8, eval_every=0, eval_batches=1, checkpoint_every={checkpoint_every},
-        keep_checkpoints=3, log_every={log_every}, wandb_mode="{wandb}")
-    return Sweep(name="{name}", base=base, {grid}, multiple_of=16)
+        model=ModelConfig(head_dim={head_dim}, max_seq_len={seq_len}),
+        data=DataConfig(source="builtin", seq_len={seq_len}),
+        optim=OptimConfig(warmup_steps={warmup_steps}, {optim}),
+        steps={steps}, batch_size=8, eval_every=0, eval_batches=1, eval_at_start={eval_at_start},
+        checkpoint_every={checkpoint_every}, keep_checkpoints=3, log_every={log_every}, wandb_mode="{wandb}")
+    return Sweep(name="{name}", base=base, {grid}, multiple_of={head_dim})
 '''
 
 GRID = "depths=(1, 2), widths={1: (16, 32), 2: (16, 32)}"
@@ -145,10 +169,12 @@ GRID = "depths=(1, 2), widths={1: (16, 32), 2: (16, 32)}"
 
 def sweep_text(name: str = "mini", grid: str = GRID, path="sweep.py", steps: int = STEPS,
                checkpoint_every: int = CHECKPOINT_EVERY, log_every: int = 1, wandb: str = "disabled",
-               optim: str = "peak_lr=3e-3") -> str:
-    """The text of a sweep file (see ``SWEEP_FILE``)."""
+               optim: str = "peak_lr=3e-3", warmup_steps: int = 2, head_dim: int = 16, seq_len: int = 32,
+               eval_at_start: bool = True) -> str:
+    """The text of a sweep file (see ``SWEEP_FILE``); widths are multiples of ``head_dim``."""
     return SWEEP_FILE.format(name=name, path=path, grid=grid, steps=steps, checkpoint_every=checkpoint_every,
-                             log_every=log_every, wandb=wandb, optim=optim)
+                             log_every=log_every, wandb=wandb, optim=optim, warmup_steps=warmup_steps,
+                             head_dim=head_dim, seq_len=seq_len, eval_at_start=eval_at_start)
 
 
 def write_sweep(directory, name: str = "mini", grid: str = GRID, **fields) -> Path:
