@@ -35,6 +35,7 @@ def bar(*, total: int, desc: str, unit: str, file=None, initial: int = 0, leave:
     that prints nothing, as does ``leave=False`` off a terminal (a bar shown
     only while compiling); ``clock`` says in the last line what its elapsed
     time counts (e.g. "of training (compiling excluded)"); ``tqdm_options`` go to tqdm.
+    Off a terminal ``file`` only decides that: the lines go to stderr, with tqdm's smoothed rate.
     """
     file = sys.stderr if file is None else file
     if is_terminal(file):
