@@ -36,5 +36,5 @@ def lines(states: list[RunState]) -> list[str]:
     header = ["run", "status", "est. s/step", "s/step", "est. MFU", "MFU", "MFU / est."]
     table = text_table(header, rows, align=("left", "left") + ("right",) * 5)
     return (["", "estimate against measurement (the preflight's, kept in each record; s/step measured as "
-                 "train_seconds / steps, MFU the trainer's):", table]
+                 "train_seconds / steps, MFU the trainer's):", *table.splitlines()]
             + [f"estimates: {source}" for source in sources])
