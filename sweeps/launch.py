@@ -288,7 +288,7 @@ def cmd_run(sweep: Sweep, args) -> int:
                     continue
                 try:
                     result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop,
-                                       raise_if_finished=True, estimate=estimate_of(run))
+                                       raise_if_finished=True, **estimate_of(run))
                 except train.AlreadyFinished:  # finished by another launcher after the check above
                     say(f"{run.name}: already finished by another launcher")
                 except Preempted as stopped:
@@ -350,12 +350,17 @@ def cmd_run(sweep: Sweep, args) -> int:
 
 
 def preflight_estimates():
-    """``estimate_of(run)``: the record fields of the newest preflight estimate kept for ``run``
-    (``sweeps.estimate_store``), {} where there is none."""
+    """``estimate_of(run)``: ``train.run``'s ``estimate`` argument (the record fields of the newest preflight
+    estimate kept for ``run``, ``sweeps.estimate_store``), or no argument where there is none."""
     from sweeps import compile_cache, estimate_store
 
     directory = compile_cache.default_directory(None)
-    return lambda run: estimate_store.record_fields(estimate_store.latest(directory, run.run_id))
+
+    def estimate_of(run) -> dict:
+        fields = estimate_store.record_fields(estimate_store.latest(directory, run.run_id))
+        return {"estimate": fields} if fields else {}
+
+    return estimate_of
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
