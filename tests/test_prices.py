@@ -88,7 +88,8 @@ def test_without_a_catalog_the_shipped_table_names_its_source_and_date(tmp_path)
     ("device,on_demand,spot\nv5e,2-1,\n", "column on_demand: '2-1'"),
     ("device,on_demand\n,1.2\n", "data line 2: column device is empty"),
     ("device,on_demand\n", "no prices"),
-    ("InstanceType,AcceleratorName,Price\n,tpu-v5litepod-8,9.6\n", "missing column AcceleratorCount, Region, SpotPrice"),
+    ("InstanceType,AcceleratorName,Price\n,tpu-v5litepod-8,9.6\n",
+     "missing column AcceleratorCount, Region, SpotPrice"),
 ])
 def test_a_bad_prices_file_is_one_line_naming_the_file_and_column(tmp_path, text, message):
     bad = tmp_path / "bad.csv"
