@@ -279,6 +279,8 @@ def _money(values) -> str:
 
 def cost_line(priced: dict | None, device: str | None, table: PriceTable) -> str:
     """One line: dollars on demand and spot with the per-hour prices, or why there are none."""
+    if priced is None and table.price(device) is not None:
+        return f"price: unknown, as the hours are; prices: {table.describe()}"
     if priced is None:
         known = ", ".join(table.prices)
         if not device:

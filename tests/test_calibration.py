@@ -11,7 +11,7 @@ import pytest
 
 import tiny
 from scaling import records
-from sweeps import calibration, estimate_store, launch, preflight
+from sweeps import calibration, estimate_store, launch, preflight, preflight_table
 from sweeps.spec import load_sweep
 from sweeps.state import RunState
 
@@ -39,6 +39,7 @@ def test_a_real_preflight_estimate_reaches_dry_run_the_record_and_status(tmp_pat
     assert summary["cost"]["device"] == "v5e" and summary["cost"]["usd_on_demand"][0] == pytest.approx(
         summary["chip_hours"] * 1.20)
     assert "sweeps/price_table.py" in summary["price_line"]
+    assert summary["price_line"] in preflight_table.format_table(report["runs"], summary).splitlines()
 
     monkeypatch.setenv("SCALING_PREFLIGHT_CACHE", str(cache))  # where dry-run and run look for estimates
     run = load_sweep(str(sweep_file)).expand().runs[0]

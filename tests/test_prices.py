@@ -106,6 +106,8 @@ def test_cost_prices_both_ends_of_a_range_of_hours():
     line = prices.cost_line(cost, "v5e", table)
     assert "$12.00–24.00 on demand ($1.20/chip-hour of v5e)" in line and "$2.50–12.00 spot" in line
     assert prices.cost(table, "H100", 5.0) is None and "no price for 'H100'" in prices.cost_line(None, "H100", table)
+    # Hours the preflight could not count (an uncounted loop) leave the price unknown, never a smaller number.
+    assert prices.cost(table, "v5e", None) is None and prices.cost_line(None, "v5e", table).startswith("price: unknown")
 
 
 def test_the_tpu_peaks_are_the_preflights_chip_facts():
