@@ -1,11 +1,12 @@
 """Launch, inspect and resume a sweep.
 
     python -m sweeps.launch list      SWEEP_FILE --workdir DIR [--shard I/N] [--json]
-    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--json]
+    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--device KIND]
+           [--prices FILE] [--json]
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--jobs N] [--remat-search]
-           [--compile-cache DIR|off] [--json]
+           [--compile-cache DIR|off] [--prices FILE] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
     python -m sweeps.launch sky       SWEEP_FILE --workdir gs://... --accelerator TYPE [--shares N] [--spot] [--dry-run]
 
@@ -78,10 +79,6 @@ from sweeps.spec import RunSpec, Sweep
 from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_state, read_states,
                           run_table, skipped_lines, summary, text_table, unreadable_lines)
 
-# Assumed utilisation for time estimates when no run of the sweep has finished yet.
-GUESSED_UTILISATION = 0.3
-
-
 class LauncherError(ValueError):
     """Bad input to the launcher; printed as one line, exit status 2."""
 
@@ -142,6 +139,8 @@ def _throughput(states: list[RunState]) -> float | None:
 
 
 def cmd_dry_run(sweep: Sweep, args) -> int:
+    from sweeps import compile_cache, estimate_store, prices, sweep_cost
+
     runs, skipped = sweep.expand()
     mine, which = _my_runs(runs, _my_share(args, allow_env=True), args)
     states = read_states(mine, args.workdir)
@@ -149,29 +148,19 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
                "unreadable": "train again (record unreadable)"}
     todo = [s for s in states if s.status in TO_TRAIN]
     flops = sum(s.spec.flops for s in todo)
-    measured = _throughput(read_states(runs, args.workdir))
-    base = sweep.base
-    # The slow end of the range is the estimate; the sweep's own expected MFU gives a fast end too.
-    fast = None
-    if measured:
-        speed, how = measured, ("the speed this sweep's finished runs reached in wall time (compiling and "
-                                "evaluation included)")
-    elif sweep.expected_mfu:
-        low, high = sweep.expected_mfu
-        speed, fast = low * base.peak_flops, high * base.peak_flops
-        how = (f"{high:.0%}–{low:.0%} model FLOP utilisation of peak_flops={base.peak_flops:.3g} FLOP/s "
-               "(the sweep's expected_mfu); compilation and evaluation add to this")
-    else:
-        speed, how = (GUESSED_UTILISATION * base.peak_flops,
-                      f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess; compilation "
-                      "and evaluation add to this")
+    estimates = estimate_store.latest_for(compile_cache.default_directory(None), [s.spec for s in todo])
+    plan = sweep_cost.plan([s.spec for s in todo], sweep, _throughput(read_states(runs, args.workdir)), estimates,
+                           sweep_cost.canonical_device(getattr(args, "device", None)),
+                           prices.load_prices(getattr(args, "prices", None)))
+    fast, slow = plan.device_hours
     if args.json:
         rows = [{**s.to_dict(), "action": actions.get(s.status, f"resume from step {s.checkpoint_step}"),
                  "flops": s.spec.flops} for s in states]
-        extra = {"device_hours_range": [flops / fast / 3600, flops / speed / 3600]} if fast else {}
+        extra = {"device_hours_range": [fast, slow]} if plan.is_range else {}
         print(json.dumps({"sweep": sweep.name, "share": which, "runs": rows, "to_train": len(todo),
-                          "tokens": sum(s.spec.tokens for s in todo), "flops": flops,
-                          "device_hours": flops / speed / 3600, "speed_flops_per_second": speed, **extra,
+                          "tokens": sum(s.spec.tokens for s in todo), "flops": flops, "device_hours": slow,
+                          "speed_flops_per_second": flops / slow / 3600 if slow else None, **extra,
+                          "device": plan.device, "preflight_runs": plan.preflight_runs, "cost": plan.cost,
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"dry run of sweep {sweep.name}: {which}")
@@ -183,10 +172,9 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     tally = collections.Counter(s.status for s in states)
     print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
           f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
-    duration = (f"{flops / speed / 3600:.3g} device-hours" if not fast else
-                f"{flops / fast / 60:.0f}–{flops / speed / 60:.0f} device-minutes")
     print(f"cost: {sum(s.spec.tokens for s in todo):.3g} training tokens, ≈{flops:.2g} FLOPs "
-          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {duration} at {how}")
+          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {plan.duration()} at {plan.how}")
+    print(plan.price_line)
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
@@ -267,6 +255,7 @@ def cmd_run(sweep: Sweep, args) -> int:
 
     states = read_states(mine, args.workdir)
     todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
+    estimate_of = preflight_estimates()  # each run's record keeps the preflight's estimate for it
     if jax.process_count() > 1:  # hosts may read the work directory differently; process 0's reading counts
         todo = agree_on_runs(sweep, states, todo)
     say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {counts_line(states)}")
@@ -299,7 +288,7 @@ def cmd_run(sweep: Sweep, args) -> int:
                     continue
                 try:
                     result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop,
-                                       raise_if_finished=True)
+                                       raise_if_finished=True, **estimate_of(run))
                 except train.AlreadyFinished:  # finished by another launcher after the check above
                     say(f"{run.name}: already finished by another launcher")
                 except Preempted as stopped:
@@ -358,6 +347,20 @@ def cmd_run(sweep: Sweep, args) -> int:
     if not_trained or any(s.status == "failed" for s in mine_now):
         return 1
     return PREEMPTED_EXIT_CODE if busy else 0  # busy: held elsewhere with --when-busy exit; retry later
+
+
+def preflight_estimates():
+    """``estimate_of(run)``: ``train.run``'s ``estimate`` argument (the record fields of the newest preflight
+    estimate kept for ``run``, ``sweeps.estimate_store``), or no argument where there is none."""
+    from sweeps import compile_cache, estimate_store
+
+    directory = compile_cache.default_directory(None)
+
+    def estimate_of(run) -> dict:
+        fields = estimate_store.record_fields(estimate_store.latest(directory, run.run_id))
+        return {"estimate": fields} if fields else {}
+
+    return estimate_of
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
@@ -493,6 +496,16 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--pod-wide", action="store_true",
                              help="all hosts train every run together (jax.distributed); default on a "
                                   "multi-host slice or SLURM job: each host trains its own share")
+        if name in ("dry-run", "preflight"):
+            sub.add_argument("--prices", metavar="FILE",
+                             help="US dollars per device-hour from this CSV (header device,on_demand,spot; e.g. "
+                                  "v5e,1.20,0.24-0.60) or a SkyPilot vms.csv; default: SkyPilot's downloaded "
+                                  "catalog (~/.sky/catalogs/*/gcp/vms.csv), else the project's table")
+        if name == "dry-run":
+            sub.add_argument("--device", metavar="KIND",
+                             help="the accelerator the sweep trains on, for its peak FLOP/s and price when no "
+                                  "preflight has run: v4, v5e, v5p, v6e, H100, H200, A100, A100-80GB "
+                                  "(default: the preflight's TPU, else the device whose peak is peak_flops)")
         if name == "preflight":
             sub.add_argument("--topology", required=True,
                              help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "

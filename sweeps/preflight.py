@@ -47,7 +47,11 @@ What is reported per run, and where each number comes from:
   (the same lowered program for the same slice and compiler was compiled by
   an earlier preflight), so ``compile_seconds`` is only the lookup.
 The summary gives chip-hours, wall time, the runs' uncounted loops, and how
-many programs were compiled and how many came from the cache.
+many programs were compiled and how many came from the cache; the chip-hours'
+price on demand and spot (``sweeps.prices``: ``--prices FILE``, else
+SkyPilot's downloaded catalog, else the shipped table, each named with its
+date). Each run's estimate is kept beside the compile cache
+(``sweeps.estimate_store``) for ``dry-run`` and for the run's record.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ from scaling import budget, data as data_lib, mesh as mesh_lib, program as progr
 from scaling.rundir import one_line
 from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
-from sweeps import compile_cache, kernels, roofline, slices
+from sweeps import compile_cache, estimate_store, kernels, prices, roofline, slices
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
 from sweeps.hosts import TPU_CHIPS_PER_HOST
 from sweeps.preflight_table import format_table
@@ -467,7 +471,8 @@ def main(sweep, args, runs=None) -> int:
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
     ``{"runs": [rows], "summary": {...}}`` instead of the table),
     ``pod_wide``, ``jobs`` (compile processes), ``remat_search`` and
-    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``).
+    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``) and
+    ``prices`` (a price file, or None: ``sweeps.prices.load_prices``).
     ``runs`` (``RunSpec``s; default: the whole sweep) are the runs to check,
     e.g. after ``--only``.
     """
@@ -480,6 +485,11 @@ def main(sweep, args, runs=None) -> int:
         print('error: the preflight needs the TPU compiler (libtpu); install it with: pip install -e ".[tpu]"',
               file=sys.stderr)
         return 2
+    try:  # a bad --prices file too, before any compile
+        price_table = prices.load_prices(getattr(args, "prices", None))
+    except prices.PriceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     runs = sweep.expand().runs if runs is None else runs
     pod_wide = getattr(args, "pod_wide", False)
     jobs = getattr(args, "jobs", None) or 1
@@ -491,6 +501,9 @@ def main(sweep, args, runs=None) -> int:
     summary = sweep_summary(rows, runs, topology.name, pod_wide)
     summary["preflight_seconds"] = round(time.perf_counter() - started, 1)
     summary["jobs"] = jobs
+    summary["estimates_kept"] = estimate_store.save(cache_directory, runs, rows, topology.name)
+    summary["cost"] = prices.cost(price_table, topology.generation, summary["chip_hours"])
+    summary["price_line"] = prices.cost_line(summary["cost"], topology.generation, price_table)
     if getattr(args, "json", False):
         print(json.dumps({"runs": rows, "summary": summary}, indent=2))
     else:

@@ -67,6 +67,8 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                     f"{summary['runs_estimated']} of {summary['runs']} runs estimated, {hours} "
                     f"({summary['in_parallel']} in parallel; training steps only); loops counted "
                     f"{summary.get('loops_counted', 0)}, uncounted {summary.get('loops_uncounted', 0)}")
+        if summary.get("price_line"):
+            text.append(summary["price_line"])
         if summary.get("programs_from_cache"):
             text.append(f"programs: {summary['programs_compiled']} compiled, {summary['programs_from_cache']} from "
                         "the compile cache (sweeps/compile_cache.py; --compile-cache off to compile all)")
