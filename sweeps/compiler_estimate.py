@@ -106,7 +106,9 @@ _BOOKKEEPING = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"
 
 
 def _has_work(instruction: hlo.Instruction) -> bool:
-    return instruction.opcode not in _BOOKKEEPING and any(array.dims for array in instruction.arrays)
+    # The "-done" half of an async op only waits; its "-start" is the op.
+    return (instruction.opcode not in _BOOKKEEPING and not instruction.opcode.endswith("-done")
+            and any(array.dims for array in instruction.arrays))
 
 
 def compiler_estimate(hlo_text: str, generation: str, devices, kernel_cost=None,

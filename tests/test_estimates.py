@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from scaling.config import DataConfig, ModelConfig, TrainConfig
-from sweeps import compiler_estimate, estimate_range, hlo, hlo_cost, kernels, preflight, preflight_table, roofline
+from sweeps import compiler_estimate, estimate_range, hlo, kernels, preflight, preflight_table, roofline
 from sweeps import roofline_corrections as corrections_lib
 from sweeps import tensorcore
 from sweeps.roofline_corrections import Corrections
@@ -257,4 +257,3 @@ def test_contributions_are_unknown_when_a_loop_is_uncounted():
     assert plain(text).step_seconds is None
     assert set(corrections_lib.contributions(text, "v5e", CHIPS).values()) == {None}
     assert compiler_estimate.compiler_estimate(text, "v5e", CHIPS).step_seconds is None
-    assert hlo_cost  # the walk both estimates share
