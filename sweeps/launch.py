@@ -68,7 +68,7 @@ import os
 import re
 import sys
 
-from scaling import cli
+from scaling import cli, hardware
 from scaling.cli import fmt
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
@@ -150,7 +150,7 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     todo = [s for s in states if s.status in TO_TRAIN]
     flops = sum(s.spec.flops for s in todo)
     measured = _throughput(read_states(runs, args.workdir))
-    base = sweep.base
+    peak = hardware.nominal_peak_flops(sweep.base.peak_flops)  # per device
     # The slow end of the range is the estimate; the sweep's own expected MFU gives a fast end too.
     fast = None
     if measured:
@@ -158,12 +158,12 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
                                 "evaluation included)")
     elif sweep.expected_mfu:
         low, high = sweep.expected_mfu
-        speed, fast = low * base.peak_flops, high * base.peak_flops
-        how = (f"{high:.0%}–{low:.0%} model FLOP utilisation of peak_flops={base.peak_flops:.3g} FLOP/s "
+        speed, fast = low * peak, high * peak
+        how = (f"{high:.0%}–{low:.0%} model FLOP utilisation of peak_flops={peak:.3g} FLOP/s "
                "(the sweep's expected_mfu); compilation and evaluation add to this")
     else:
-        speed, how = (GUESSED_UTILISATION * base.peak_flops,
-                      f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess; compilation "
+        speed, how = (GUESSED_UTILISATION * peak,
+                      f"{GUESSED_UTILISATION:.0%} of peak_flops={peak:.3g} FLOP/s, a guess; compilation "
                       "and evaluation add to this")
     if args.json:
         rows = [{**s.to_dict(), "action": actions.get(s.status, f"resume from step {s.checkpoint_step}"),
@@ -415,7 +415,7 @@ def cmd_preflight(sweep: Sweep, args) -> int:
         args.jobs = preflight.default_jobs()
     elif args.jobs < 1:
         raise LauncherError(f"--jobs {args.jobs}: allowed an integer >= 1")
-    return preflight.main(sweep, args, runs=mine)
+    return preflight.main(args, mine, deal=spec_lib.shard)
 
 
 # ---------------------------------------------------------------------------

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from scaling.cli import fmt
-from sweeps.state import text_table
-
-GIB = 2**30
+from scaling.cli import fmt, text_table
+from scaling.hardware import GIB
 
 
 def _gib(value) -> str:
@@ -55,11 +53,11 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
         if row.get("kernels_uncounted"):
             text.append(f"{row['name']}: kernels the roofline cannot price: {', '.join(row['kernels_uncounted'])}")
     text.append("step s: the compiled schedule replayed, each op max(FLOPs / peak, HBM bytes / bandwidth), each "
-                "collective on its axis' links, async ones overlapped (sweeps/roofline.py); loops: while loops "
+                "collective on its axis' links, async ones overlapped (sweeps/preflight/roofline.py); loops: while loops "
                 "counted by trip count; MFU from model FLOPs (scaling/flops.py); MFU max: every op at peak")
     if any(row.get("kernels_analytic") for row in rows):
         text.append("attention kernels (Pallas custom calls) carry no cost analysis: counted analytically "
-                    "(sweeps/kernels.py)")
+                    "(sweeps/preflight/kernels.py)")
     if summary:
         hours = ("unknown chip-hours (a loop or kernel left uncounted)" if summary.get("chip_hours") is None else
                  f"{summary['chip_hours']:.1f} chip-hours, {summary['wall_hours']:.1f} h wall")
@@ -69,5 +67,5 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                     f"{summary.get('loops_counted', 0)}, uncounted {summary.get('loops_uncounted', 0)}")
         if summary.get("programs_from_cache"):
             text.append(f"programs: {summary['programs_compiled']} compiled, {summary['programs_from_cache']} from "
-                        "the compile cache (sweeps/compile_cache.py; --compile-cache off to compile all)")
+                        "the compile cache (sweeps/preflight/compile_cache.py; --compile-cache off to compile all)")
     return "\n".join(text)
