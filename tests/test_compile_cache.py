@@ -1,4 +1,5 @@
-"""The preflight's compile cache (sweeps/preflight/compile_cache.py), on CPU-compiled programs: what it stores, when it answers."""
+"""The preflight's compile cache (sweeps/preflight/compile_cache.py), on CPU-compiled programs: what it stores,
+when it answers."""
 
 import gzip
 import os

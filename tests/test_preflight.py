@@ -20,7 +20,7 @@ from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
 from scaling.hardware import GIB
 from sweeps import launch, preflight
-from sweeps.preflight import report, topology as topology_lib
+from sweeps.preflight import report as report_lib, topology as topology_lib
 from sweeps.spec import Sweep
 
 # The suite shares one persistent compilation cache (tests/conftest.py). JAX cannot load a
@@ -315,7 +315,7 @@ def test_cli_exit_status_is_zero_when_every_run_passes(tmp_path, capsys):
 
 
 def test_missing_libtpu_is_one_clear_line(monkeypatch, capsys):
-    monkeypatch.setattr(report, "libtpu_installed", lambda: False)
+    monkeypatch.setattr(report_lib, "libtpu_installed", lambda: False)
     args = types.SimpleNamespace(topology=TOPOLOGY, json=False)
     assert preflight.main(args, []) == 2
     err = capsys.readouterr().err.strip()
@@ -331,7 +331,7 @@ def test_bad_topology_on_the_command_line(tmp_path, capsys):
 
 def test_a_slice_shape_that_does_not_exist_is_one_line_on_the_command_line(tmp_path, capsys, monkeypatch):
     # v5e:3x3 used to be checked on one host's 2x2 and pass; it must stop before the compiler is looked for.
-    monkeypatch.setattr(report, "topology_devices", lambda topology: pytest.fail("compiled for a bad slice"))
+    monkeypatch.setattr(report_lib, "topology_devices", lambda topology: pytest.fail("compiled for a bad slice"))
     path = write_sweep(tmp_path, (1,), {1: (64,)})
     assert launch.main(["preflight", path, "--topology", "v5e:3x3"]) == 2
     err = capsys.readouterr().err.strip()
@@ -358,9 +358,9 @@ def fake_row(name, config, topology, devices, remat_search=False, cache=None):
 
 def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, monkeypatch, capsys):
     checked = []
-    monkeypatch.setattr(report, "libtpu_installed", lambda: True)
-    monkeypatch.setattr(report, "topology_devices", lambda topology: [None] * topology.chips)
-    monkeypatch.setattr(report, "check_run", lambda *args: checked.append(args[0]) or fake_row(*args))
+    monkeypatch.setattr(report_lib, "libtpu_installed", lambda: True)
+    monkeypatch.setattr(report_lib, "topology_devices", lambda topology: [None] * topology.chips)
+    monkeypatch.setattr(report_lib, "check_run", lambda *args: checked.append(args[0]) or fake_row(*args))
     path = tmp_path / "seeds.py"
     path.write_text(SWEEP_FILE.format(depths=(1, 2), widths={1: (64,), 2: (64,)}).replace(
         'widths={1: (64,), 2: (64,)})', 'widths={1: (64,), 2: (64,)}, seeds=(0, 1, 2))'))

@@ -1,4 +1,4 @@
-"""What one top-level HLO op costs a chip: its FLOPs and the HBM bytes it reads and writes (``sweeps.preflight.hlo_cost``).
+"""What one top-level HLO op costs a chip: its FLOPs and the HBM bytes it reads and writes (for ``hlo_cost``).
 
 FLOPs: 2 per multiply-add of every ``convolution`` and ``dot`` (TPU programs
 express matmuls as convolutions whose padding and dilation leave most window

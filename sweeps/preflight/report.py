@@ -215,7 +215,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
 
 
 def step_estimate(config: TrainConfig, mesh, compiled, chip: Accelerator) -> roofline.StepEstimate:
-    """The roofline of one compiled train step on ``mesh`` (attention kernels priced by ``sweeps.preflight.kernels``)."""
+    """The roofline of one compiled train step on ``mesh`` (attention kernels priced by ``kernels``)."""
     return roofline.step_estimate(compiled.as_text(), chip, mesh.devices.flat, kernels.kernel_cost(config.model))
 
 

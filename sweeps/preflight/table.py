@@ -53,8 +53,8 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
         if row.get("kernels_uncounted"):
             text.append(f"{row['name']}: kernels the roofline cannot price: {', '.join(row['kernels_uncounted'])}")
     text.append("step s: the compiled schedule replayed, each op max(FLOPs / peak, HBM bytes / bandwidth), each "
-                "collective on its axis' links, async ones overlapped (sweeps/preflight/roofline.py); loops: while loops "
-                "counted by trip count; MFU from model FLOPs (scaling/flops.py); MFU max: every op at peak")
+                "collective on its axis' links, async ones overlapped (sweeps/preflight/roofline.py); loops: while "
+                "loops counted by trip count; MFU from model FLOPs (scaling/flops.py); MFU max: every op at peak")
     if any(row.get("kernels_analytic") for row in rows):
         text.append("attention kernels (Pallas custom calls) carry no cost analysis: counted analytically "
                     "(sweeps/preflight/kernels.py)")
