@@ -1,6 +1,6 @@
 """Helpers the command-line tools share: the name a tool was started under, an
 argument parser whose errors are one line, option types, the frame of the commands
-that use a trained run, and number cells for text tables."""
+that use a trained run, and text tables and their number cells."""
 
 import argparse
 import math
@@ -77,6 +77,14 @@ def fmt(value, spec: str, missing: str = "-") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return missing
     return format(value, spec)
+
+
+def text_table(header: list[str], rows: list[list], align: tuple[str, ...] | None = None) -> str:
+    """Cells padded into columns under ``header``, for terminals; ``align``: "left" or "right" per column
+    (default left). Cells are printed as given, never re-read as numbers."""
+    import tabulate
+
+    return tabulate.tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
 
 
 def doc_parser(doc: str, **kwargs) -> argparse.ArgumentParser:

@@ -325,7 +325,8 @@ class TrainConfig:
     checkpoint_every: PositiveInt = 50
     keep_checkpoints: PositiveInt = 2
     log_every: PositiveInt = 10
-    peak_flops: PositiveFloat = 2.2e11  # per device, for MFU; measured matmul peak of the dev CPU
+    # Per device, for MFU; None: the device's figure at model.compute_dtype from scaling.hardware.
+    peak_flops: PositiveFloat | None = None
     wandb_mode: Literal["auto", "offline", "online", "disabled"] = "auto"  # auto: online only with an API key
     wandb_project: str = "depth-width-scaling"
     sweep_name: str = ""  # wandb group

@@ -67,7 +67,7 @@ import numpy as np
 from etils import epath
 
 from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, record_checks
-from scaling import records, rundir
+from scaling import hardware, records, rundir
 from scaling.background_save import BackgroundSaver
 from scaling.checkpoints import CheckpointError, Checkpoints, abandoned_writes
 from scaling.config import TrainConfig, config_id, to_dict
@@ -426,7 +426,8 @@ class Training:
         newest = fetched[-1]
         speed = self.window_steps * self.tokens_per_step / max(time.perf_counter() - self.window_start, 1e-9)
         self.last_loss = float(newest["loss"])
-        mfu = model_flops_utilization(config.model, self.row_length, speed, config.peak_flops, jax.device_count())
+        peak = hardware.mfu_peak_flops(config.peak_flops, config.model.compute_dtype)  # the device's, or the config's
+        mfu = model_flops_utilization(config.model, self.row_length, speed, peak, jax.device_count())
         tracker.log(done, {"loss": self.last_loss, "grad_norm": float(newest["grad_norm"]),
                            "lr": float(newest["lr"]), "tokens_per_second": speed, "mfu": mfu,
                            "tokens": done * self.tokens_per_step})
@@ -571,4 +572,5 @@ class Training:
             return None
         config = self.parts.config
         return model_flops_utilization(config.model, self.row_length, steps_done * self.tokens_per_step / seconds,
-                                       config.peak_flops, jax.device_count())
+                                       hardware.mfu_peak_flops(config.peak_flops, config.model.compute_dtype),
+                                       jax.device_count())

@@ -1,7 +1,7 @@
 """What the preflight expected of each run against what the run measured, for ``status``.
 
 A run trained after a preflight keeps the preflight's estimate in its record (``estimated_step_seconds``,
-``estimated_mfu``, ``estimate_source``; ``sweeps.estimate_store``) beside the trainer's own ``mfu`` over
+``estimated_mfu``, ``estimate_source``; ``sweeps.preflight.estimate_store``) beside the trainer's own ``mfu`` over
 its training time. The first runs on new hardware so show how far the estimate is off before the rest of
 the sweep is paid for. Measured seconds per step are ``train_seconds / steps``: the steps with the
 periodic logging, evaluations and checkpoints between them, so they lean slower than the step alone.

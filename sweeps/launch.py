@@ -69,7 +69,7 @@ import os
 import re
 import sys
 
-from scaling import cli
+from scaling import cli, hardware
 from scaling.cli import fmt
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
@@ -139,7 +139,8 @@ def _throughput(states: list[RunState]) -> float | None:
 
 
 def cmd_dry_run(sweep: Sweep, args) -> int:
-    from sweeps import compile_cache, estimate_store, prices, sweep_cost
+    from sweeps import sweep_cost
+    from sweeps.preflight import compile_cache, estimate_store, prices
 
     runs, skipped = sweep.expand()
     mine, which = _my_runs(runs, _my_share(args, allow_env=True), args)
@@ -351,8 +352,8 @@ def cmd_run(sweep: Sweep, args) -> int:
 
 def preflight_estimates():
     """``estimate_of(run)``: ``train.run``'s ``estimate`` argument (the record fields of the newest preflight
-    estimate kept for ``run``, ``sweeps.estimate_store``), or no argument where there is none."""
-    from sweeps import compile_cache, estimate_store
+    estimate kept for ``run``, ``sweeps.preflight.estimate_store``), or no argument where there is none."""
+    from sweeps.preflight import compile_cache, estimate_store
 
     directory = compile_cache.default_directory(None)
 
@@ -418,7 +419,7 @@ def cmd_preflight(sweep: Sweep, args) -> int:
         args.jobs = preflight.default_jobs()
     elif args.jobs < 1:
         raise LauncherError(f"--jobs {args.jobs}: allowed an integer >= 1")
-    return preflight.main(sweep, args, runs=mine)
+    return preflight.main(args, mine, deal=spec_lib.shard)
 
 
 # ---------------------------------------------------------------------------

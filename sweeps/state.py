@@ -11,9 +11,7 @@ import dataclasses
 import os
 import textwrap
 
-import tabulate
-
-from scaling.cli import fmt
+from scaling.cli import fmt, text_table
 from sweeps.spec import RunSpec, Sweep
 
 STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
@@ -85,12 +83,6 @@ def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
 
 # ---------------------------------------------------------------------------
 # Tables
-
-
-def text_table(header: list[str], rows: list[list], align: tuple[str, ...] | None = None) -> str:
-    """Cells padded into columns under ``header``, for terminals; ``align``: "left" or "right" per column
-    (default left). Cells are printed as given, never re-read as numbers."""
-    return tabulate.tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
 
 
 def run_table(states: list[RunState], multiple_of: int | None = None) -> str:

@@ -2,14 +2,14 @@
 
 The time comes from the best figures at hand, in this order:
 1. the speed the sweep's finished runs reached in wall time (measured, compiling and evaluation included);
-2. the preflight's estimated seconds per step of each run (``sweeps.estimate_store``), for the runs it
+2. the preflight's estimated seconds per step of each run (``sweeps.preflight.estimate_store``), for the runs it
    estimated: step time × steps × the chips of the mesh it compiled for (training steps only);
 3. for the other runs, a utilisation of the device's own peak: the sweep's ``expected_mfu`` range, else
-   ``GUESSED_UTILISATION``, a guess. The device is ``--device`` (its peak from ``sweeps.prices.PEAK_FLOPS``),
+   ``GUESSED_UTILISATION``, a guess. The device is ``--device`` (its peak from ``sweeps.preflight.prices.PEAK_FLOPS``),
    else the TPU generation the preflight compiled for, else the device whose peak the sweep's
    ``peak_flops`` is; its peak is that device's, or ``peak_flops`` when no device is known.
 
-The device-hours are priced on demand and spot with ``sweeps.prices`` (``--prices FILE``, SkyPilot's
+The device-hours are priced on demand and spot with ``sweeps.preflight.prices`` (``--prices FILE``, SkyPilot's
 catalog, or the shipped table).
 """
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sweeps import estimate_store, prices
+from scaling import hardware
+from sweeps.preflight import estimate_store, prices
 
 # Assumed utilisation when nothing better is known: no finished run, no preflight, no expected_mfu.
 GUESSED_UTILISATION = 0.3
@@ -66,7 +67,7 @@ def plan(todo, sweep, measured_speed: float | None, estimates: dict, device: str
         device = estimate_store.device_of(estimates[estimated[0].run_id]) or None
     if device is None:
         device = prices.device_for_peak(sweep.base.peak_flops)
-    peak = prices.PEAK_FLOPS.get(device, sweep.base.peak_flops)
+    peak = prices.PEAK_FLOPS.get(device, hardware.nominal_peak_flops(sweep.base.peak_flops))
     peak_text = f"peak_flops={peak:.3g} FLOP/s" + (f" ({device})" if device else "")
     flops = sum(run.flops for run in todo)
     if measured_speed:

@@ -11,7 +11,9 @@ import pytest
 
 import tiny
 from scaling import records
-from sweeps import calibration, estimate_store, launch, preflight, preflight_table
+from sweeps import calibration, launch, preflight
+from sweeps.preflight import estimate_store
+from sweeps.preflight import table as preflight_table
 from sweeps.spec import load_sweep
 from sweeps.state import RunState
 

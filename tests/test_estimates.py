@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 
 from scaling.config import DataConfig, ModelConfig, TrainConfig
-from sweeps import compiler_estimate, estimate_range, hlo, kernels, preflight, preflight_table, roofline
-from sweeps import roofline_corrections as corrections_lib
-from sweeps import tensorcore
-from sweeps.roofline_corrections import Corrections
+from sweeps import preflight
+from sweeps.preflight import compiler_estimate, estimate_range, hlo, kernels, roofline
+from sweeps.preflight import table as preflight_table
+from sweeps.preflight import roofline_corrections as corrections_lib
+from sweeps.preflight import tensorcore
+from sweeps.preflight.roofline_corrections import Corrections
+from sweeps.preflight.topology import CHIPS as TPU_CHIPS
 from sweeps.spec import Sweep
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -43,7 +46,7 @@ FLASH_KERNELS = kernels.kernel_cost(ModelConfig(objective="causal"))
 
 
 def plain(text, kernel_cost=None):
-    return roofline.step_estimate(text, roofline.CHIPS["v5e"], CHIPS, kernel_cost)
+    return roofline.step_estimate(text, TPU_CHIPS["v5e"], CHIPS, kernel_cost)
 
 
 # ---------------------------------------------------------------------------
@@ -123,7 +126,7 @@ def test_matrix_unit_fill_halves_the_attention_kernels_at_head_dim_64():
     with_fill, _ = kernel_compute(Corrections(True, True, 0.0, 0.0))
     assert kernel_flops > 0
     # At half fill each kernel's matmuls take twice as long: the extra is their FLOPs at peak once more.
-    assert with_fill - without == pytest.approx(kernel_flops / roofline.CHIPS["v5e"].peak_flops, rel=1e-6)
+    assert with_fill - without == pytest.approx(kernel_flops / TPU_CHIPS["v5e"].bf16_flops, rel=1e-6)
 
 
 def test_the_op_floor_is_no_more_than_the_compiler_gives_any_fusion():
@@ -202,7 +205,7 @@ def test_the_compiler_is_never_below_the_roofline_by_more_than_the_corrections(n
 def test_no_estimate_is_faster_than_the_model_flops_at_peak():
     config = _flash_config()
     fields = estimate_range.row_fields(config, FLASH, "v5e", CHIPS, kernels.kernel_cost(config.model), len(CHIPS))
-    at_peak = fields["model_flops_per_chip"] / roofline.CHIPS["v5e"].peak_flops
+    at_peak = fields["model_flops_per_chip"] / TPU_CHIPS["v5e"].bf16_flops
     for key in ("roofline_corrected_step_seconds", "compiler_step_seconds", "step_seconds_low",
                 "step_seconds_high"):
         assert fields[key] >= at_peak, key
@@ -236,7 +239,7 @@ def test_summary_and_table_give_the_range_and_say_where_the_compiler_gave_none()
             "mfu_high": 0.3, "loops_counted": 1, "loops_uncounted": 0}
     only_roofline = dict(both, name=runs[1].name, step_seconds_high=None, mfu_low=None,
                          compiler_estimate_missing="the compiled program carries no estimated_cycles")
-    summary = estimate_range.summary_fields([both, both], runs, 4, 1)
+    summary = estimate_range.summary_fields([both, both], runs, 4)
     assert summary["chip_hours_low"] == pytest.approx(2 * 3600 * 1.0 * 4 / 3600)
     assert summary["chip_hours_high"] == pytest.approx(2 * 3600 * 3.0 * 4 / 3600)
     summary = preflight.sweep_summary([both, only_roofline], runs, "v5e:2x2")  # 4 chips, one run after another

@@ -420,10 +420,11 @@ def test_preflight_is_dispatched_lazily(tmp_path, monkeypatch):
 
     sweep_file = write_sweep(tmp_path, "unit", "depths=(1, 2), widths={1: (16,), 2: (16,)}")
     seen = {}
-    monkeypatch.setattr(preflight, "main", lambda sweep, args, runs: seen.update(
-        sweep=sweep, topology=args.topology, json=args.json, pod_wide=args.pod_wide, runs=[r.name for r in runs]) or 0)
+    monkeypatch.setattr(preflight, "main", lambda args, runs, deal: seen.update(
+        steps={r.config.steps for r in runs}, topology=args.topology, json=args.json, pod_wide=args.pod_wide,
+        runs=[r.name for r in runs], deal=deal) or 0)
     assert launch.main(["preflight", str(sweep_file), "--topology", "v5e:4x4", "--json", "--set", "steps=5"]) == 0
-    assert seen["topology"] == "v5e:4x4" and seen["json"] and seen["sweep"].base.steps == 5
+    assert seen["topology"] == "v5e:4x4" and seen["json"] and seen["steps"] == {5} and seen["deal"] is spec.shard
     assert seen["runs"] == ["L1-d16-s0", "L2-d16-s0"] and not seen["pod_wide"]
     assert launch.main(["preflight", str(sweep_file), "--topology", "v5e:4x4", "--only", "L2-*", "--pod-wide"]) == 0
     assert seen["runs"] == ["L2-d16-s0"] and seen["pod_wide"]

@@ -13,7 +13,7 @@ from scaling import mesh as mesh_lib
 from scaling.config import MeshConfig, ModelConfig
 from scaling.loss import compute_loss, cross_entropy_sum, mask_for_mlm, slice_positions
 from scaling.model import Transformer, unembed
-from sweeps import hlo
+from sweeps.preflight import hlo
 
 VOCAB, PADDED, WIDTH = 300, 384, 32
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from sweeps import launch, prices, sweep_cost
+from sweeps import launch, sweep_cost
+from sweeps.preflight import prices
 
 # SkyPilot's GCP catalog, schema v8 (sky/catalog/data_fetchers/fetch_gcp.py writes these columns): a VM row,
 # TPU slices priced whole (v5litepod: chips; v5p: TensorCores, two per chip), GPUs priced per row of
@@ -108,13 +109,6 @@ def test_cost_prices_both_ends_of_a_range_of_hours():
     assert prices.cost(table, "H100", 5.0) is None and "no price for 'H100'" in prices.cost_line(None, "H100", table)
     # Hours the preflight could not count (an uncounted loop) leave the price unknown, never a smaller number.
     assert prices.cost(table, "v5e", None) is None and prices.cost_line(None, "v5e", table).startswith("price: unknown")
-
-
-def test_the_tpu_peaks_are_the_preflights_chip_facts():
-    from sweeps.roofline import CHIPS
-
-    assert {name: chip.peak_flops for name, chip in CHIPS.items()} == {
-        name: peak for name, peak in prices.PEAK_FLOPS.items() if name in CHIPS}
 
 
 # A sweep that names no device (peak_flops left at the CPU default), 2 runs.

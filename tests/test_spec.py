@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import tiny
+from scaling import hardware
 from sweeps import launch, spec
 from sweeps.spec import Sweep
 
@@ -230,6 +231,6 @@ def test_dry_run_quotes_the_sweeps_expected_mfu_before_any_run_finished(tmp_path
     report = json.loads(capsys.readouterr().out)
     seconds = report["flops"] / report["speed_flops_per_second"]
     assert report["device_hours"] == pytest.approx(seconds / 3600)
-    peak = spec.load_sweep(tmp_path / "mfu.py").base.peak_flops
+    peak = hardware.nominal_peak_flops(spec.load_sweep(tmp_path / "mfu.py").base.peak_flops)
     assert report["speed_flops_per_second"] == pytest.approx(0.05 * peak)  # the low end of the range
     assert report["device_hours_range"] == pytest.approx([report["device_hours"] / 2, report["device_hours"]])

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from scaling.cli import fmt
-from sweeps.state import text_table
-
-GIB = 2**30
+from scaling.cli import fmt, text_table
+from scaling.hardware import GIB
 
 
 def _gib(value) -> str:
@@ -66,13 +64,13 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
     text.append("step s: low..high of two estimates of the compiled schedule replayed (loops by trip count, async "
                 "collectives overlapped): the roofline, each op max(FLOPs / peak, HBM bytes / bandwidth), corrected "
                 "for tile padding, a per-op floor, collective latency and attention's matrix-unit fill "
-                "(sweeps/roofline_corrections.py), and the compiler's own estimated_cycles at the chip's clock "
-                "(sweeps/compiler_estimate.py; ? where it gave none); MFU est from model FLOPs with attention's "
+                "(sweeps/preflight/roofline_corrections.py), and the compiler's own estimated_cycles at the chip's clock "
+                "(sweeps/preflight/compiler_estimate.py; ? where it gave none); MFU est from model FLOPs with attention's "
                 "full square (the trainer's, scaling/flops.py), MFU causal with its causal half; MFU max: every op "
                 "at peak")
     if any(row.get("kernels_analytic") for row in rows):
         text.append("attention kernels (Pallas custom calls) carry no cost analysis: counted analytically "
-                    "(sweeps/kernels.py)")
+                    "(sweeps/preflight/kernels.py)")
     if summary:
         hours = ("unknown chip-hours (a loop or kernel left uncounted)" if summary.get("chip_hours") is None else
                  f"{summary['chip_hours']:.1f} chip-hours, {summary['wall_hours']:.1f} h wall")
@@ -93,5 +91,5 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
             text.append(summary["price_line"])
         if summary.get("programs_from_cache"):
             text.append(f"programs: {summary['programs_compiled']} compiled, {summary['programs_from_cache']} from "
-                        "the compile cache (sweeps/compile_cache.py; --compile-cache off to compile all)")
+                        "the compile cache (sweeps/preflight/compile_cache.py; --compile-cache off to compile all)")
     return "\n".join(text)

@@ -18,7 +18,7 @@ Sources, first found wins:
    ``InstanceType``; a TPU row prices a whole slice (``tpu-v5litepod-8``: 8 chips; ``tpu-v4-8`` and
    ``tpu-v5p-8`` count TensorCores, two per chip), a GPU row ``AcceleratorCount`` GPUs. The file's date
    is its modification time (SkyPilot rewrites it when it refreshes the catalog).
-3. The table shipped with the project (``sweeps.price_table``), which names its source and the date it
+3. The table shipped with the project (``sweeps.preflight.price_table``), which names its source and the date it
    was read.
 
 Only US regions are read from a catalog (all regions for a device offered nowhere in the US); a price is
@@ -36,12 +36,14 @@ import math
 import os
 import re
 
-from sweeps import price_table
+from scaling import hardware
+from sweeps.preflight import price_table
 
 # Peak dense bf16 FLOP/s per device, for dry-run's time when no preflight has run. TPUs: the Cloud TPU
 # pages (as sweeps/roofline.py's CHIPS); GPUs: NVIDIA's data sheets (SXM parts, without sparsity).
-PEAK_FLOPS = {"v4": 275e12, "v5e": 197e12, "v5p": 459e12, "v6e": 918e12,
-              "H100": 989e12, "H200": 989e12, "A100": 312e12, "A100-80GB": 312e12}
+# Dense bfloat16 peak per device (scaling.hardware's table), by the names prices use.
+PEAK_FLOPS = {**{chip.name: chip.bf16_flops for chip in hardware.ACCELERATORS if chip.platform != "cpu"},
+              "A100-80GB": hardware.A100.bf16_flops}
 
 CATALOG_GLOB = os.path.join(".sky", "catalogs", "v*", "gcp", "vms.csv")
 CATALOG_COLUMNS = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Region", "Price", "SpotPrice")
@@ -227,7 +229,7 @@ def read_skypilot_catalog(path: str, text: str | None = None, region_prefix: str
 
 
 def shipped_table() -> PriceTable:
-    """The project's own table (``sweeps.price_table``), with its source and the date it was read."""
+    """The project's own table (``sweeps.preflight.price_table``), with its source and the date it was read."""
     return parse_price_csv(price_table.TABLE, price_table.SOURCE, f"read {price_table.READ_ON}")
 
 
@@ -299,6 +301,9 @@ def is_tpu(device: str) -> bool:
     return device in {generation for generation, _ in TPU_NAMES.values()}
 
 
-def device_for_peak(peak_flops: float) -> str | None:
-    """The first device kind whose peak FLOP/s (``PEAK_FLOPS``) is ``peak_flops``, None if none is."""
+def device_for_peak(peak_flops: float | None) -> str | None:
+    """The first device kind whose peak FLOP/s (``PEAK_FLOPS``) is ``peak_flops``, None if none is (or if
+    ``peak_flops`` is None: the trainer then looks its peak up from the device it runs on)."""
+    if peak_flops is None:
+        return None
     return next((name for name, peak in PEAK_FLOPS.items() if math.isclose(peak, peak_flops, rel_tol=1e-3)), None)

@@ -2,12 +2,12 @@
 
 libtpu writes a cost-model estimate into the ``backend_config`` of most ops
 of a compiled TPU program (``"estimated_cycles":"45664"``): fusions, copies,
-broadcasts; in the chip's own clock cycles (``sweeps.tensorcore``: 1.5 GHz
+broadcasts; in the chip's own clock cycles (``sweeps.preflight.tensorcore``: 1.5 GHz
 on v5e). It writes none for collectives, for the asynchronous halves of
 copies and slices (DMAs), or for Pallas kernels (splash attention).
 
 The estimate replays the compiled schedule exactly as the corrected roofline
-does (``sweeps.roofline_corrections``: loops by their trip counts, async
+does (``sweeps.preflight.roofline_corrections``: loops by their trip counts, async
 collectives overlapping the ops between their start and done), with every
 op that carries ``estimated_cycles`` taking cycles / clock instead of its
 roofline time; the ops libtpu leaves unestimated keep their corrected
@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from sweeps import hlo, roofline, tensorcore
-from sweeps.roofline_corrections import Corrections, CorrectedCoster, corrected_cost
+from sweeps.preflight import hlo, roofline, tensorcore
+from sweeps.preflight.roofline_corrections import Corrections, CorrectedCoster, corrected_cost
 
 _CYCLES = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)')
 

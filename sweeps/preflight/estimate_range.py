@@ -3,8 +3,8 @@
 For each compiled program the preflight gives (``sweeps.preflight``):
 
 - ``roofline_corrected_step_seconds``: the roofline with its four corrections
-  (``sweeps.roofline_corrections``; ``corrections`` says what each added);
-- ``compiler_step_seconds``: libtpu's own estimate (``sweeps.compiler_estimate``),
+  (``sweeps.preflight.roofline_corrections``; ``corrections`` says what each added);
+- ``compiler_step_seconds``: libtpu's own estimate (``sweeps.preflight.compiler_estimate``),
   None with ``compiler_estimate_missing`` saying why where the backend gave none;
 - ``step_seconds_low`` / ``step_seconds_high``: the two, fastest first
   (high None when the compiler gave none), and the MFU at each:
@@ -26,7 +26,8 @@ import statistics
 
 from scaling.config import TrainConfig
 from scaling.flops import training_flops_per_token
-from sweeps import compiler_estimate, roofline, roofline_corrections
+from sweeps.preflight import compiler_estimate, roofline, roofline_corrections
+from sweeps.preflight.topology import CHIPS
 
 MFU_CONVENTIONS = {"full": "attention over the whole T x T score square, as the trainer's mfu (scaling/flops.py)",
                    "causal": "attention over the causal half of the square only (6·L·T·d FLOPs per token fewer)"}
@@ -57,7 +58,7 @@ def mfu(config: TrainConfig, step_seconds: float | None, chips: int, peak_flops:
 def row_fields(config: TrainConfig, hlo_text: str, generation: str, devices, kernel_cost, chips: int) -> dict:
     """The row's two estimates and their range (``EMPTY_FIELDS``' keys) for one compiled step."""
     devices = list(devices)
-    peak = roofline.CHIPS[generation].peak_flops
+    peak = CHIPS[generation].bf16_flops
     corrected = roofline_corrections.corrected_step_estimate(hlo_text, generation, devices, kernel_cost)
     compiler = compiler_estimate.compiler_estimate(hlo_text, generation, devices, kernel_cost)
     known = [s for s in (corrected.step_seconds, compiler.step_seconds) if s is not None]
@@ -74,7 +75,7 @@ def row_fields(config: TrainConfig, hlo_text: str, generation: str, devices, ker
             "model_flops_per_chip": model_flops_per_step(config) / chips}
 
 
-def summary_fields(rows: list[dict], runs, chips_per_run: int, parallel: int) -> dict:
+def summary_fields(rows: list[dict], runs, chips_per_run: int, shares: list | None = None) -> dict:
     """Chip-hours and wall hours at each end of the range, over the runs that fit (``roofline.sweep_time``).
 
     The low end is None if any run that fits has no estimate at all, the high
@@ -84,7 +85,7 @@ def summary_fields(rows: list[dict], runs, chips_per_run: int, parallel: int) ->
     out = {"mfu_conventions": MFU_CONVENTIONS}
     for end in ("low", "high"):
         seconds = {run.run_id: row.get(f"step_seconds_{end}") for run, row in fitting}
-        hours = roofline.sweep_time(seconds, runs, chips_per_run, parallel)
+        hours = roofline.sweep_time(seconds, runs, chips_per_run, shares)
         complete = all(value is not None for value in seconds.values())
         out[f"chip_hours_{end}"] = hours["chip_hours"] if complete else None
         out[f"wall_hours_{end}"] = hours["wall_hours"] if complete else None

@@ -1,10 +1,10 @@
 """What a TPU chip's matrix units do per clock cycle, and so its clock: the facts the two step estimates need
-beyond ``sweeps.roofline.CHIPS`` (``sweeps.roofline_corrections``, ``sweeps.compiler_estimate``).
+beyond ``scaling.hardware`` (``sweeps.preflight.roofline_corrections``, ``sweeps.preflight.compiler_estimate``).
 
     clock = peak bf16 FLOP/s / (2 FLOPs per multiply-add × MXUs per chip × MXU width²)
 
 Per generation, from the Cloud TPU documentation (one page per generation, as
-cited in ``sweeps.roofline``): v4 and v5p have 2 TensorCores per chip, v5e and
+cited in ``sweeps.preflight.roofline``): v4 and v5p have 2 TensorCores per chip, v5e and
 v6e one; each TensorCore has 4 matrix-multiply units (MXUs), 128×128 up to v5p
 and 256×256 on v6e. That gives v5e 197e12 / (2 × 4 × 128²) = 1.50 GHz, v4
 1.05 GHz (the TPU v4 paper, "TPU v4: An Optically Reconfigurable
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sweeps.roofline import CHIPS
+from sweeps.preflight.topology import CHIPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ def clock_hz(generation: str) -> float | None:
     units = MATRIX_UNITS.get(generation)
     if units is None or generation not in CHIPS:
         return None
-    return CHIPS[generation].peak_flops / units.flops_per_cycle
+    return CHIPS[generation].bf16_flops / units.flops_per_cycle
 
 
 def mxu_width(generation: str) -> int | None:

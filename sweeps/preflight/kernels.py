@@ -1,4 +1,4 @@
-"""Analytic costs of the Pallas kernels the model calls, for the roofline (``sweeps.hlo_cost``).
+"""Analytic costs of the Pallas kernels the model calls, for the roofline (``sweeps.preflight.hlo_cost``).
 
 A Pallas kernel is one ``custom-call`` in compiled HLO (``tpu_custom_call``)
 whose cost the HLO cannot show: the compiler's cost analysis gives it none.

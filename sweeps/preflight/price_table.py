@@ -1,5 +1,5 @@
 """The price table shipped with the project: used when no ``--prices`` file is given and SkyPilot has not
-downloaded its own catalog (``sweeps.prices`` says the order).
+downloaded its own catalog (``sweeps.preflight.prices`` says the order).
 
 Read by hand from SkyPilot's published GCP catalog, schema v8 (``catalogs/v8/gcp/vms.csv`` of
 github.com/skypilot-org/skypilot-catalog, the snapshot at commit 006059e0f18a, which SkyPilot builds from

@@ -1,6 +1,6 @@
-"""The roofline of ``sweeps.roofline`` corrected for four things a TPU does that it leaves out, each one named.
+"""The roofline of ``sweeps.preflight.roofline`` corrected for four things a TPU does that it leaves out, each one named.
 
-``sweeps.roofline`` prices each op at max(FLOPs / peak, HBM bytes / bandwidth)
+``sweeps.preflight.roofline`` prices each op at max(FLOPs / peak, HBM bytes / bandwidth)
 and each collective at its bytes over its links. For the sweep's small,
 skinny programs that is optimistic (libtpu's own estimate of L6-d128's step
 is about 3× longer). Four corrections, each keeping the estimate a lower
@@ -18,7 +18,7 @@ bound of what the chip can do, in the order ``contributions`` adds them:
 - ``matrix_unit_fill``: the splash-attention kernel multiplies q·kᵀ over
   the head dimension and p·v into it, so every one of its matmuls has the
   head dimension as a contraction or output side; at head_dim 64 on a
-  128-wide matrix unit (``sweeps.tensorcore``) half the array idles:
+  128-wide matrix unit (``sweeps.preflight.tensorcore``) half the array idles:
   its FLOPs run at ``head_dim / (head_dim rounded up to the MXU width)`` of peak.
 - ``op_floor``: every fusion and kernel the TensorCore runs takes at least
   ``OP_FLOOR_CYCLES`` (pipeline fill and drain, loop set-up), however small.
@@ -37,8 +37,9 @@ import dataclasses
 import math
 import re
 
-from sweeps import hlo, hlo_collectives, hlo_cost, hlo_ops, kernels, roofline, tensorcore
-from sweeps.hlo import Computation, Instruction
+from sweeps.preflight import collectives, hlo, hlo_cost, hlo_ops, kernels, roofline, tensorcore
+from sweeps.preflight.hlo import Computation, Instruction
+from sweeps.preflight.topology import CHIPS
 
 # libtpu's own cost model puts the smallest fusion it can make, a multiply-add over one (8,128) f32 tile for
 # v5e, at 1,841 cycles, and half of the fusions of L6-d128's compiled step at 1,833 cycles or fewer: the floor
@@ -52,7 +53,7 @@ _TILE = re.compile(r":\s*T\(([\d,]+)\)")
 
 @dataclasses.dataclass(frozen=True)
 class Corrections:
-    """Which corrections the roofline applies; ``Corrections.NONE`` is ``sweeps.roofline`` as it is."""
+    """Which corrections the roofline applies; ``Corrections.NONE`` is ``sweeps.preflight.roofline`` as it is."""
 
     tile_padding: bool = True
     matrix_unit_fill: bool = True
@@ -137,9 +138,9 @@ def _is_floored(module, computation: Computation, instruction: Instruction) -> b
     fused = next((module.computation(c) for role, c in instruction.called() if role == "calls"), None)
     if fused is None:
         return True
-    collectives, starts, dones = hlo_collectives.fused_collectives(module, fused, 1, lambda group: 1,
-                                                                    hlo_ops.Machine(1.0, 1.0, 1.0))
-    return not (collectives or starts or dones)
+    found, starts, dones = collectives.fused_collectives(module, fused, 1, lambda group: 1,
+                                                         hlo_ops.Machine(1.0, 1.0, 1.0))
+    return not (found or starts or dones)
 
 
 class CorrectedCoster(hlo_cost.ProgramCoster):
@@ -216,7 +217,7 @@ def corrected_cost(hlo_text: str, generation: str, devices, kernel_cost=None,
                    corrections: Corrections = Corrections(), coster=CorrectedCoster, padded_text: str | None = None,
                    logical_module=None) -> hlo_cost.Cost:
     """The ``hlo_cost.Cost`` of one execution of a compiled program on a chip of ``generation``, corrected."""
-    chip = roofline.CHIPS[generation]
+    chip = CHIPS[generation]
     devices = list(devices)
     logical = logical_module or hlo.parse(hlo_text)
     padded = hlo.parse(padded_text or padded_hlo_text(hlo_text)) if corrections.tile_padding else logical
