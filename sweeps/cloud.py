@@ -54,7 +54,6 @@ tests: they parse the tasks with SkyPilot and replace its client calls
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import json
 import re
 import shlex
@@ -119,10 +118,6 @@ class Job:
     envs: dict
     resources: dict
 
-    def work(self) -> tuple:
-        """What the job trains apart from its share: two live jobs with the same work and share are one too many."""
-        return tuple(self.envs.get(key, "") for key in ("SWEEP", "ARGS", "CACHE", "CHECK"))
-
     def launcher_commands(self, accelerator: Accelerator) -> list[str]:
         """The ``sweeps.launch run`` command(s) the task's ``run`` starts: one per host, or per GPU.
 
@@ -144,6 +139,12 @@ class Job:
         prefix = "" if accelerator.kind == "tpu" else "CUDA_VISIBLE_DEVICES={part} "
         return [prefix.format(part=part) + shlex.join(base + ["--shard", f"{share * parts + part}/{shares * parts}"]
                                                       + extra) for part in range(parts)]
+
+
+def work(envs: dict) -> tuple:
+    """What a job with ``envs`` trains apart from its share: two live jobs with the same work and share are one
+    too many (a ``Job``'s or a recorded ``cloud_jobs.Submitted``'s envs)."""
+    return tuple(envs.get(key, "") for key in ("SWEEP", "ARGS", "CACHE", "CHECK"))
 
 
 def gpu_count(name: str) -> int:
@@ -274,13 +275,18 @@ def resolve_infra(infra: str | None, workdir: str) -> str:
     try:
         location, kind = bucket_location(workdir)
     except Exception as error:  # noqa: BLE001 - no credentials, no network, no such bucket: one line
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CloudError(f"{example}: could not read the location of {workdir}'s bucket ({first}); restarts must "
-                         "stay in the bucket's region") from None
+        raise CloudError(f"{example}: could not read the location of {workdir}'s bucket ({first_line(error)}); "
+                         "restarts must stay in the bucket's region") from None
     if kind != "region":
         raise CloudError(f"{example}: {workdir}'s bucket is {kind or 'of unknown type'} {location}; name one "
                          "region in it, where the slices will run")
     return f"gcp/{location.lower()}"
+
+
+def first_line(error: Exception) -> str:
+    """The first line of ``error``'s message (its type's name if it has none): SkyPilot's can run to pages."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def import_sky():
@@ -329,13 +335,7 @@ def describe(job: Job, task, accelerator: Accelerator) -> str:
 
 def selected_runs(sweep, only: list[str]) -> list:
     """The sweep's runs after ``--only`` (every job applies the same filter before sharing out)."""
-    runs, _ = sweep.expand()
-    if only:
-        runs = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in only)]
-        if not runs:
-            raise CloudError(f"--only {' '.join(only)}: matches none of the sweep's run names "
-                             "(see `python -m sweeps.launch list`)")
-    return runs
+    return spec_lib.select(sweep.expand().runs, only)
 
 
 def cmd_sky(sweep, args) -> int:

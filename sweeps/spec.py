@@ -28,17 +28,16 @@ its JAX is confined to its own devices, is decided in ``sweeps.hosts``.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import math
-import pathlib
 import re
-import runpy
 from typing import NamedTuple
 
 import numpy as np
 
-from scaling import budget
+from scaling import budget, python_file
 from scaling.config import TrainConfig, config_id, override, to_dict
 from scaling.flops import training_flops_per_token
 
@@ -47,8 +46,7 @@ _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 GRID_FIELDS = ("model.depth", "model.width", "seed", "name", "sweep_name")
 
 
-class SweepFileError(ValueError):
-    """A sweep file that cannot be loaded; the message is one line naming the file."""
+SweepFileError = python_file.PythonFileError  # a sweep file that cannot be loaded: one line naming it
 
 
 def lr_tag(lr: float) -> str:
@@ -61,8 +59,7 @@ def training_flops(config: TrainConfig) -> float:
     backward, unembedding and attention included) times the tokens of all steps.
     Evaluation and compilation are not counted.
     """
-    seq_len = config.data.seq_len
-    return training_flops_per_token(config.model, seq_len).total * config.steps * config.batch_size * seq_len
+    return training_flops_per_token(config.model, config.data.seq_len).total * config.steps * config.tokens_per_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +94,8 @@ class RunSpec:
 
     @property
     def tokens(self) -> int:
-        """Training tokens: steps × batch (sequences) × sequence length."""
-        return self.config.steps * self.config.batch_size * self.config.data.seq_len
+        """Training tokens: steps × tokens per step."""
+        return self.config.steps * self.config.tokens_per_step
 
     @property
     def flops(self) -> float:
@@ -334,7 +331,7 @@ class Sweep:
         tokens in steps of batch_size·seq_len tokens, rounded, at least 1."""
         base = base or self.base
         tokens = self.tokens_per_param * budget.non_embedding_params(depth, width)
-        return max(1, round(tokens / (base.batch_size * base.data.seq_len)))
+        return max(1, round(tokens / base.tokens_per_step))
 
     def to_dict(self) -> dict:
         """JSON-ready description: the base config, the grid, and the runs it gives."""
@@ -374,6 +371,20 @@ def with_overrides(sweep: Sweep, assignments: list[str]) -> Sweep:
     return dataclasses.replace(sweep, base=override(sweep.base, assignments))
 
 
+def select(runs: list[RunSpec], globs: list[str] | None) -> list[RunSpec]:
+    """The runs whose name matches one of the shell patterns ``globs`` (``--only``; all runs if none given).
+
+    Raises ``ValueError`` (one line) when no run matches.
+    """
+    if not globs:
+        return runs
+    chosen = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in globs)]
+    if not chosen:
+        raise ValueError(f"--only {' '.join(globs)}: matches none of the {len(runs)} run names "
+                         "(see `python -m sweeps.launch list`)")
+    return chosen
+
+
 def shard(runs: list[RunSpec], index: int, count: int) -> list[RunSpec]:
     """Share ``index`` of ``count`` of ``runs``: disjoint, together complete, balanced in rough cost.
 
@@ -399,22 +410,4 @@ def load_sweep(path) -> Sweep:
     Raises ``SweepFileError`` with a one-line reason for a missing file, a
     file that raises, or one that defines no sweep.
     """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise SweepFileError(f"sweep file {path}: no such file")
-    try:
-        namespace = runpy.run_path(str(path), run_name="__sweep_file__")
-        if callable(namespace.get("sweep")):
-            value = namespace["sweep"]()
-        elif "SWEEP" in namespace:
-            value = namespace["SWEEP"]
-        else:
-            raise SweepFileError(f"sweep file {path}: defines neither sweep() nor SWEEP")
-    except SweepFileError:
-        raise
-    except Exception as error:  # noqa: BLE001 - anything a user's file raises becomes one line
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise SweepFileError(f"sweep file {path}: {type(error).__name__}: {first}") from None
-    if not isinstance(value, Sweep):
-        raise SweepFileError(f"sweep file {path}: sweep() gave a {type(value).__name__}, not a sweeps.spec.Sweep")
-    return value
+    return python_file.load(path, function="sweep", constant="SWEEP", expected=Sweep, what="sweep file")
