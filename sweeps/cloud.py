@@ -158,7 +158,8 @@ def job_stem(sweep_name: str, prefix: str | None = None) -> str:
 
 
 def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
-    """The jobs ``sky`` submits for ``args`` (see ``add_parser``); ``CloudError`` for unusable flags.
+    """The jobs ``sky`` submits for ``args`` (its options: ``sweeps/launch_parser.py``); ``CloudError`` for
+    unusable flags.
 
     Their ``infra`` is ``--infra`` as given (else the task file's ``gcp``);
     ``cmd_sky`` then pins it to the bucket's region (``resolve_infra``).
@@ -360,64 +361,3 @@ def cmd_sky(sweep, args) -> int:
               f"{len(jobs)} task(s) whose share has no live job in {cloud_jobs.jobs_path(args.workdir, sweep.name)}")
         return 0
     return cloud_jobs.submit(sweep, args, accelerator, jobs, tasks, runs)
-
-
-SKY_DESCRIPTION = (
-    "Launch the sweep's shares as SkyPilot managed jobs on TPU slices or GPU nodes: --shares N gives N jobs, "
-    "each training its share (run --shard i/N) on its own slice or node. SkyPilot provisions, copies this "
-    "working tree, re-creates a preempted slice and restarts the job, which resumes from the checkpoints "
-    "in the bucket; follow the runs with the status command. --dry-run prints each job's task and submits "
-    "nothing. SkyPilot is the optional extra cloud: pip install -e \".[cloud]\".")
-
-
-def add_parser(commands) -> None:
-    """The ``sky`` subcommand of ``python -m sweeps.launch``."""
-    help_text = "launch the shares as SkyPilot managed jobs (needs .[cloud])"
-    sub = commands.add_parser("sky", help=help_text, description=SKY_DESCRIPTION)
-    sub.set_defaults(function=cmd_sky)
-    sub.add_argument("sweep_file", metavar="SWEEP_FILE",
-                     help="the sweep: a Python file defining sweep(), inside this repository")
-    sub.add_argument("--workdir", required=True,
-                     help="root of the run directories, a bucket the hosts write to, e.g. gs://my-bucket/sweeps")
-    sub.add_argument("--only", action="append", default=[], metavar="GLOB",
-                     help="only runs whose name matches this shell pattern (repeatable), passed to every job")
-    sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a base-config field, e.g. steps=100 (repeatable), passed to every job")
-    sub.add_argument("--accelerator",
-                     help="required to submit: a TPU slice (v5litepod-8, v6e-8, v4-32, ...) or a GPU node as "
-                          "SkyPilot writes it (H100:8, L4:4)")
-    sub.add_argument("--shares", type=int, default=1,
-                     help="split the sweep into this many managed jobs, one slice or node each (default 1); "
-                          "at most one launcher per run (shares × hosts or GPUs)")
-    sub.add_argument("--spot", action="store_true",
-                     help="spot capacity: a fraction of the price; SkyPilot re-creates a preempted slice")
-    sub.add_argument("--dry-run", action="store_true",
-                     help="print each job's task (region, recovery, lock file, resources, envs, run command with "
-                          "its --shard) and submit nothing")
-    sub.add_argument("--pod-wide", action="store_true",
-                     help="one job on a multi-host TPU slice whose hosts train every run together")
-    sub.add_argument("--gpu-mode", choices=("per-gpu", "mesh"), default="per-gpu",
-                     help="GPU nodes: one launcher per GPU (default) or one mesh over all of them")
-    sub.add_argument("--cache-dir", help="token cache in the bucket (built by the data command's cache "
-                                         "--cache-dir); sets data.cache_dir")
-    sub.add_argument("--infra", help="gcp/REGION the jobs run and recover in: the bucket's region (default: read "
-                                     "from the bucket; required for a multi-region bucket)")
-    sub.add_argument("--runtime-version", help="TPU VM software version (default by family, e.g. "
-                                               "v2-alpha-tpuv5-lite for v5litepod)")
-    sub.add_argument("--max-restarts", type=int, default=2,
-                     help="restarts of a job whose launcher exits with an error (default 2); preemptions and "
-                          "exit 75 are always recovered")
-    sub.add_argument("--name", help="job name prefix (default: the sweep's name)")
-    sub.add_argument("--check", action="store_true",
-                     help="first minutes on a new slice type: one job, <name>-check, that runs the hosts --check "
-                          "command on every host (as its share 0 would train) instead of the sweep; read it with "
-                          "--logs check")
-    sub.add_argument("--missing", action="store_true",
-                     help="also resubmit the shares whose recorded job ended (succeeded, failed, cancelled) with "
-                          "runs of the share unfinished in the bucket")
-    acts = sub.add_mutually_exclusive_group()
-    acts.add_argument("--status", action="store_true",
-                      help="this sweep's recorded jobs: SkyPilot's state beside the bucket's run counts per share")
-    acts.add_argument("--logs", metavar="JOB",
-                      help="one recorded job's log, by share index, job name, job id, or 'check'")
-    acts.add_argument("--cancel", action="store_true", help="cancel this sweep's live recorded jobs (by id)")

@@ -11,7 +11,6 @@ import re
 
 from scaling import cli
 from sweeps import busy as busy_lib
-from sweeps import cloud
 
 
 def _shard_arg(text: str) -> tuple[int, int]:
@@ -50,6 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     prog = cli.prog("python -m sweeps.launch")
     parser = cli.Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG.format(prog=prog),
                         formatter_class=cli.ParagraphHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _sweep_arguments()
+    for name, help_text in COMMAND_HELP.items():
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
+        if name in COMMAND_OPTIONS:
+            COMMAND_OPTIONS[name](sub)
+    _add_hosts(commands)
+    _add_sky(commands)
+    return parser
+
+
+def _sweep_arguments() -> argparse.ArgumentParser:
+    """The arguments every sweep command but ``sky`` takes, as a parent parser."""
     common = cli.Parser(add_help=False)
     common.add_argument("sweep_file", metavar="SWEEP_FILE",
                         help="the sweep: a Python file defining sweep(), e.g. sweeps/configs/smoke.py")
@@ -64,38 +76,50 @@ def build_parser() -> argparse.ArgumentParser:
                              "any pattern may match); applied before --shard")
     common.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a base-config field before expansion, e.g. steps=100 (repeatable)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, help_text in COMMAND_HELP.items():
-        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
-        if name == "run":
-            sub.add_argument("--no-progress", action="store_true",
-                             help="no progress display (a terminal otherwise shows bars, a log file a line "
-                                  "every 30 s per run and one per finished run)")
-            sub.add_argument("--when-busy", choices=busy_lib.WHEN_BUSY, default="wait",
-                             help="a run of the share that another live launcher holds: wait for it to finish "
-                                  "(taking it over if its lease goes stale; default), or exit 75 naming it so "
-                                  "that the job is retried later; never exit 0 while it is unfinished")
-        if name in ("run", "dry-run"):
-            sub.add_argument("--pod-wide", action="store_true",
-                             help="all hosts train every run together (jax.distributed); default on a "
-                                  "multi-host slice or SLURM job: each host trains its own share")
-        if name == "preflight":
-            sub.add_argument("--topology", required=True,
-                             help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
-                                  "multi-host slice each run is checked on one host's 2x2 chips, as run "
-                                  "trains it by default")
-            sub.add_argument("--pod-wide", action="store_true",
-                             help="check each run on the whole slice, as run --pod-wide trains it")
-            sub.add_argument("--jobs", type=int, default=None, metavar="N",
-                             help="compile the distinct programs in N processes (default: as memory and cores "
-                                  "allow, at most 4)")
-            sub.add_argument("--remat-search", action="store_true",
-                             help="for each run that fits, also compile the cheaper remat policies (none < dots "
-                                  "< full) and report the cheapest that fits (up to 2 more compiles a run)")
-            sub.add_argument("--compile-cache", default=None, metavar="DIR",
-                             help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
-                                  "only programs that changed; 'off' compiles everything (default: "
-                                  "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
+    return common
+
+
+def _add_pod_wide(sub) -> None:
+    sub.add_argument("--pod-wide", action="store_true",
+                     help="all hosts train every run together (jax.distributed); default on a "
+                          "multi-host slice or SLURM job: each host trains its own share")
+
+
+def _add_run_options(sub) -> None:
+    sub.add_argument("--no-progress", action="store_true",
+                     help="no progress display (a terminal otherwise shows bars, a log file a line "
+                          "every 30 s per run and one per finished run)")
+    sub.add_argument("--when-busy", choices=busy_lib.WHEN_BUSY, default="wait",
+                     help="a run of the share that another live launcher holds: wait for it to finish "
+                          "(taking it over if its lease goes stale; default), or exit 75 naming it so "
+                          "that the job is retried later; never exit 0 while it is unfinished")
+    _add_pod_wide(sub)
+
+
+def _add_preflight_options(sub) -> None:
+    sub.add_argument("--topology", required=True,
+                     help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
+                          "multi-host slice each run is checked on one host's 2x2 chips, as run "
+                          "trains it by default")
+    sub.add_argument("--pod-wide", action="store_true",
+                     help="check each run on the whole slice, as run --pod-wide trains it")
+    sub.add_argument("--jobs", type=int, default=None, metavar="N",
+                     help="compile the distinct programs in N processes (default: as memory and cores "
+                          "allow, at most 4)")
+    sub.add_argument("--remat-search", action="store_true",
+                     help="for each run that fits, also compile the cheaper remat policies (none < dots "
+                          "< full) and report the cheapest that fits (up to 2 more compiles a run)")
+    sub.add_argument("--compile-cache", default=None, metavar="DIR",
+                     help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
+                          "only programs that changed; 'off' compiles everything (default: "
+                          "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
+
+
+COMMAND_OPTIONS = {"run": _add_run_options, "dry-run": _add_pod_wide, "preflight": _add_preflight_options}
+
+
+def _add_hosts(commands) -> None:
+    """The ``hosts`` command: no sweep file, JAX not started."""
     hosts_help = "where this process runs: mode, share, hosts, TPU/GPU variables"
     sub = commands.add_parser("hosts", help=hosts_help,
                               description=hosts_help + " (JAX not started). " + HOSTS_EPILOG)
@@ -106,5 +130,63 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--check", action="store_true",
                      help="also start JAX as run would and print device_count, process_count and the share; "
                           "exit 1 if they contradict the mode (run it on every worker before the sweep)")
-    cloud.add_parser(commands)
-    return parser
+
+
+SKY_DESCRIPTION = (
+    "Launch the sweep's shares as SkyPilot managed jobs on TPU slices or GPU nodes: --shares N gives N jobs, "
+    "each training its share (run --shard i/N) on its own slice or node. SkyPilot provisions, copies this "
+    "working tree, re-creates a preempted slice and restarts the job, which resumes from the checkpoints "
+    "in the bucket; follow the runs with the status command. --dry-run prints each job's task and submits "
+    "nothing. SkyPilot is the optional extra cloud: pip install -e \".[cloud]\".")
+
+
+def _add_sky(commands) -> None:
+    """The ``sky`` command (``sweeps/cloud.py``)."""
+    help_text = "launch the shares as SkyPilot managed jobs (needs .[cloud])"
+    sub = commands.add_parser("sky", help=help_text, description=SKY_DESCRIPTION)
+    sub.add_argument("sweep_file", metavar="SWEEP_FILE",
+                     help="the sweep: a Python file defining sweep(), inside this repository")
+    sub.add_argument("--workdir", required=True,
+                     help="root of the run directories, a bucket the hosts write to, e.g. gs://my-bucket/sweeps")
+    sub.add_argument("--only", action="append", default=[], metavar="GLOB",
+                     help="only runs whose name matches this shell pattern (repeatable), passed to every job")
+    sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a base-config field, e.g. steps=100 (repeatable), passed to every job")
+    sub.add_argument("--accelerator",
+                     help="required to submit: a TPU slice (v5litepod-8, v6e-8, v4-32, ...) or a GPU node as "
+                          "SkyPilot writes it (H100:8, L4:4)")
+    sub.add_argument("--shares", type=int, default=1,
+                     help="split the sweep into this many managed jobs, one slice or node each (default 1); "
+                          "at most one launcher per run (shares × hosts or GPUs)")
+    sub.add_argument("--spot", action="store_true",
+                     help="spot capacity: a fraction of the price; SkyPilot re-creates a preempted slice")
+    sub.add_argument("--dry-run", action="store_true",
+                     help="print each job's task (region, recovery, lock file, resources, envs, run command with "
+                          "its --shard) and submit nothing")
+    sub.add_argument("--pod-wide", action="store_true",
+                     help="one job on a multi-host TPU slice whose hosts train every run together")
+    sub.add_argument("--gpu-mode", choices=("per-gpu", "mesh"), default="per-gpu",
+                     help="GPU nodes: one launcher per GPU (default) or one mesh over all of them")
+    sub.add_argument("--cache-dir", help="token cache in the bucket (built by the data command's cache "
+                                         "--cache-dir); sets data.cache_dir")
+    sub.add_argument("--infra", help="gcp/REGION the jobs run and recover in: the bucket's region (default: read "
+                                     "from the bucket; required for a multi-region bucket)")
+    sub.add_argument("--runtime-version", help="TPU VM software version (default by family, e.g. "
+                                               "v2-alpha-tpuv5-lite for v5litepod)")
+    sub.add_argument("--max-restarts", type=int, default=2,
+                     help="restarts of a job whose launcher exits with an error (default 2); preemptions and "
+                          "exit 75 are always recovered")
+    sub.add_argument("--name", help="job name prefix (default: the sweep's name)")
+    sub.add_argument("--check", action="store_true",
+                     help="first minutes on a new slice type: one job, <name>-check, that runs the hosts --check "
+                          "command on every host (as its share 0 would train) instead of the sweep; read it with "
+                          "--logs check")
+    sub.add_argument("--missing", action="store_true",
+                     help="also resubmit the shares whose recorded job ended (succeeded, failed, cancelled) with "
+                          "runs of the share unfinished in the bucket")
+    acts = sub.add_mutually_exclusive_group()
+    acts.add_argument("--status", action="store_true",
+                      help="this sweep's recorded jobs: SkyPilot's state beside the bucket's run counts per share")
+    acts.add_argument("--logs", metavar="JOB",
+                      help="one recorded job's log, by share index, job name, job id, or 'check'")
+    acts.add_argument("--cancel", action="store_true", help="cancel this sweep's live recorded jobs (by id)")
