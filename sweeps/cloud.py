@@ -129,16 +129,20 @@ class Job:
         extra = (["--set", f"data.cache_dir={envs['CACHE']}"] if envs["CACHE"] else []) + shlex.split(envs["ARGS"])
         if envs["CHECK"] == "1":
             base, extra = ["python", "-m", "sweeps.launch", "hosts", "--check"], []
-        mode, share, shares = envs["MODE"], int(envs["SHARD"]), int(envs["SHARES"])
+        mode = envs["MODE"]
         if mode == "pod-wide":
             return [shlex.join(base + ["--pod-wide"] + extra)]
-        if mode == "mesh":
-            mesh = [] if envs["CHECK"] == "1" else ["--set", "mesh.data=-1"]
-            return [shlex.join(base + ["--shard", f"{share}/{shares}"] + mesh + extra)]
-        parts = accelerator.hosts if accelerator.kind == "tpu" else gpu_count(accelerator.name)
-        prefix = "" if accelerator.kind == "tpu" else "CUDA_VISIBLE_DEVICES={part} "
-        return [prefix.format(part=part) + shlex.join(base + ["--shard", f"{share * parts + part}/{shares * parts}"]
-                                                      + extra) for part in range(parts)]
+        mesh = ["--set", "mesh.data=-1"] if mode == "mesh" and envs["CHECK"] != "1" else []
+        prefix = "CUDA_VISIBLE_DEVICES={part} " if accelerator.kind == "gpu" and mode != "mesh" else ""
+        return [prefix.format(part=part) + shlex.join(base + ["--shard", f"{index}/{count}"] + mesh + extra)
+                for part, (index, count) in enumerate(self.shards(accelerator))]
+
+    def shards(self, accelerator: Accelerator) -> list[tuple[int, int]]:
+        """The ``--shard`` (index, count) of each of the job's launchers: its share split among its hosts or
+        GPUs, or the share itself for one launcher (mesh)."""
+        share, shares = int(self.envs["SHARD"]), int(self.envs["SHARES"])
+        parts = launchers_per_job(accelerator, self.envs["MODE"])
+        return [(share * parts + part, shares * parts) for part in range(parts)]
 
 
 def work(envs: dict) -> tuple:
@@ -237,11 +241,9 @@ def job_runs(job: Job, accelerator: Accelerator, runs: list) -> list:
     """The runs ``job``'s launchers train, out of ``runs`` (the sweep after ``--only``), as its ``run`` splits them."""
     if job.envs["CHECK"] == "1":
         return []
-    mode, share, shares = job.envs["MODE"], int(job.envs["SHARD"]), int(job.envs["SHARES"])
-    if mode == "pod-wide":
+    if job.envs["MODE"] == "pod-wide":
         return list(runs)
-    parts = launchers_per_job(accelerator, mode)
-    mine = {run.run_id for part in range(parts) for run in spec_lib.shard(runs, share * parts + part, shares * parts)}
+    mine = {run.run_id for index, count in job.shards(accelerator) for run in spec_lib.shard(runs, index, count)}
     return [run for run in runs if run.run_id in mine]
 
 

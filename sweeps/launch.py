@@ -16,40 +16,27 @@ base config before the grid is expanded, e.g. ``--set steps=100``, and
 Runs live in ``<workdir>/<sweep name>/<run_id>/``. A run's status comes from
 its directory: ``finished``, ``diverged`` or ``failed`` (its result.json),
 ``resumable`` (checkpoints but no result yet) or ``pending``. ``run`` trains
-pending, resumable and failed runs, cheapest first, and skips finished and
-diverged ones (a diverged run would diverge again). A failed or diverged run
-is recorded and the sweep goes on; the summary at the end gives counts, the
-results table and what the analysis can say so far. Exit status: 0, or 1 if
-a run of this share failed, or 75 (``scaling.stopping.PREEMPTED_EXIT_CODE``)
-after SIGTERM or Ctrl-C, with a checkpoint saved; rerunning the same command
-resumes. A run that another live launcher holds (its lease) is waited for,
-and taken over once the lease goes stale; with ``--when-busy exit`` the
-launcher exits 75 naming it instead (``sweeps/busy.py``). So 0 means every
-run of the share is done. A signal stops the sweep whenever it arrives: mid-run at the next
-step, at the end of a run (its final evaluation) or between runs before the
-next one starts (the launcher and its runs share one ``scaling.stopping.Stop``).
+pending, resumable and failed runs, cheapest first, in this process
+(``sweeps/run_loop.py``), and skips finished and diverged ones (a diverged
+run would diverge again). A failed or diverged run is recorded and the sweep
+goes on; the summary at the end gives counts, the results table and what the
+analysis can say so far. Exit status: 0, or 1 if a run of this share failed,
+or 75 (``scaling.stopping.PREEMPTED_EXIT_CODE``) after SIGTERM or Ctrl-C,
+with a checkpoint saved; rerunning the same command resumes. A run that
+another live launcher holds (its lease) is waited for, and taken over once
+the lease goes stale; with ``--when-busy exit`` the launcher exits 75 naming
+it instead (``sweeps/busy.py``). So 0 means every run of the share is done.
+The command line itself is built in ``sweeps/launch_parser.py``.
 
-Runs train in this process, one after another, through
-``scaling.train.run``. In-process keeps start-up cheap, lets the runs of one
-shape (seeds, learning rates) share one compiled step (``scaling.program``),
-and lets pod-wide mode start ``jax.distributed`` once for the whole sweep. The price: a hard crash
-of the process (host out of memory, a segfault) stops the sweep; rerunning
-resumes from the crashed run's last checkpoint.
-
-Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision):
+Using many hosts (``sweeps.hosts`` decides, and lists where it reads what;
+``hosts --json`` shows the decision):
 - ``--shard I/N`` trains share I of N (disjoint, balanced by rough cost).
 - Host-parallel (default on a multi-host TPU slice or a SLURM job): each host
-  takes the share given by its index (the GCE metadata server's
-  ``agent-worker-number`` of ``worker-network-endpoints`` on a Cloud TPU VM,
-  ``TPU_WORKER_ID`` of ``TPU_WORKER_HOSTNAMES`` on GKE, ``SLURM_PROCID`` of
-  ``SLURM_NTASKS``) and trains it on its own devices, without
-  ``jax.distributed``. The SkyPilot task ``tpu/sweep.sky.yaml`` also passes
-  ``--shard I/N`` explicitly, from SkyPilot's host rank.
-  On TPU the launcher first makes the host a one-host slice of its own 4
-  chips by setting the libtpu topology variables before JAX starts (listed,
-  with their sources, in ``sweeps/hosts.py``). Under SLURM with several tasks
-  per node, each task keeps its own slice of the node's ``CUDA_VISIBLE_DEVICES``.
-  (Tested with a stub metadata server; not run on hardware.)
+  trains the share given by its index in the job on its own devices, without
+  ``jax.distributed``: on TPU as a one-host slice of its own 4 chips, under
+  SLURM with its own slice of the node's GPUs. The SkyPilot task
+  ``tpu/sweep.sky.yaml`` passes ``--shard I/N`` explicitly, from SkyPilot's
+  host rank. (Tested with a stub metadata server; not run on hardware.)
 - ``--pod-wide``: ``jax.distributed`` spans every host (always initialised on
   TPU, coordinator on worker 0) and all hosts train every run together, in
   the order process 0 decides; only process 0 prints. SIGTERM on any host

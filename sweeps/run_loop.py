@@ -1,14 +1,19 @@
 """The ``run`` command's loop: train a share's runs one after another in this process.
 
+In-process keeps start-up cheap, lets the runs of one shape (seeds, learning
+rates) share one compiled step (``scaling.program``), and lets pod-wide mode
+start ``jax.distributed`` once for the whole sweep. The price: a hard crash
+of the process (host out of memory, a segfault) stops the sweep; rerunning
+resumes from the crashed run's last checkpoint.
+
 Each run goes through ``scaling.train.run``, and how it ends decides what
 the launcher does next (``Next``): go on with the next run, wait for a run
 that another live launcher holds (``sweeps/busy.py``), or stop the sweep
-with an exit status. One ``Stop`` for the whole sweep is handed to every
-run: a signal that arrives while a run finishes (its final evaluation, its
-record) or between runs still stops the sweep before the next run starts.
-
-Importing this module imports JAX and the trainer; ``sweeps.launch`` does so
-only to train.
+with an exit status. A signal stops the sweep whenever it arrives: mid-run
+at the next step, at the end of a run (its final evaluation) or between
+runs before the next one starts, because the loop and its runs share one
+``scaling.stopping.Stop``. Importing this module imports JAX and the
+trainer; ``sweeps.launch`` does so only to train.
 """
 
 from __future__ import annotations

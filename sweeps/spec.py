@@ -174,6 +174,10 @@ def _positive_floats(values, field: str) -> tuple[float, ...]:
     return values
 
 
+def _listed(grid: tuple | dict) -> list | dict:  # as JSON: a list, or a dict depth (a string) -> list
+    return {str(k): list(v) for k, v in grid.items()} if isinstance(grid, dict) else list(grid)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sweep:
     """A grid of training runs sharing one base config.
@@ -229,10 +233,7 @@ class Sweep:
         if bool(self.budgets) == bool(self.widths):
             raise ValueError("give exactly one of budgets (parameters; widths solved per depth) "
                              "or widths (dict depth -> widths)")
-        if isinstance(self.budgets, dict):
-            set_("budgets", self._per_depth(self.budgets, "budgets", _positive_floats))
-        elif self.budgets:
-            set_("budgets", _positive_floats(self.budgets, "budgets"))
+        set_("budgets", self._grid(self.budgets, "budgets", _positive_floats))
         if self.widths:
             set_("widths", self._per_depth(self.widths, "widths", _ints))
             if min(min(w) for w in self.widths.values()) < 1:
@@ -240,10 +241,7 @@ class Sweep:
         set_("seeds", _ints(self.seeds, "seeds"))
         if min(self.seeds) < 0:
             raise ValueError(f"seeds={self.seeds!r} is invalid: allowed integers >= 0")
-        if isinstance(self.lr_grid, dict):
-            set_("lr_grid", self._per_depth(self.lr_grid, "lr_grid", _positive_floats))
-        else:
-            set_("lr_grid", _positive_floats(self.lr_grid, "lr_grid") if self.lr_grid else ())
+        set_("lr_grid", self._grid(self.lr_grid, "lr_grid", _positive_floats))
         if self.peak_lr_by_depth:
             if self.lr_grid:
                 raise ValueError("give at most one of lr_grid (every rate for every shape) and peak_lr_by_depth")
@@ -270,6 +268,12 @@ class Sweep:
                                  "0 < low <= high <= 1")
             set_("expected_mfu", (float(mfu[0]), float(mfu[1])))
         self.expand()  # every run's config validates now, not when it is reached
+
+    def _grid(self, values, field: str, parse) -> tuple | dict:
+        """``values`` parsed: one sequence for every depth, or a dict depth -> sequence; () when empty."""
+        if isinstance(values, dict):
+            return self._per_depth(values, field, parse)
+        return parse(values, field) if values else ()
 
     def _per_depth(self, mapping: dict, field: str, parse) -> dict:
         if set(mapping) != set(self.depths):
@@ -336,11 +340,9 @@ class Sweep:
     def to_dict(self) -> dict:
         """JSON-ready description: the base config, the grid, and the runs it gives."""
         runs, skipped = self.expand()
-        per_depth = lambda value: {str(k): list(v) for k, v in value.items()}  # noqa: E731
         described = {"name": self.name, "base": to_dict(self.base), "depths": list(self.depths),
-                "budgets": per_depth(self.budgets) if isinstance(self.budgets, dict) else list(self.budgets),
-                "widths": per_depth(self.widths) if self.widths else None, "seeds": list(self.seeds),
-                "lr_grid": per_depth(self.lr_grid) if isinstance(self.lr_grid, dict) else list(self.lr_grid),
+                "budgets": _listed(self.budgets), "widths": _listed(self.widths) if self.widths else None,
+                "seeds": list(self.seeds), "lr_grid": _listed(self.lr_grid),
                 "multiple_of": self.multiple_of,
                 # only when used, so sweeps without variants keep their digest
                 **({"variants": [v.to_dict() for v in self.variants]} if self.variants else {}),
