@@ -46,7 +46,7 @@ def load_config(preset_or_file: str) -> TrainConfig:
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's argument parser; its ``prog`` is the command as typed (``cli.prog``)."""
     prog = cli.prog("python -m scaling.train")
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=prog,
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
                     "latest checkpoint, or does nothing if the run already finished. 'eval RUN_DIR' and "

@@ -1,11 +1,12 @@
 """Launch, inspect and resume a sweep.
 
     python -m sweeps.launch list      SWEEP_FILE --workdir DIR [--shard I/N] [--json]
-    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--json]
+    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--device KIND]
+           [--prices FILE] [--json]
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--jobs N] [--remat-search]
-           [--compile-cache DIR|off] [--json]
+           [--compile-cache DIR|off] [--prices FILE] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
     python -m sweeps.launch sky       SWEEP_FILE --workdir gs://... --accelerator TYPE [--shares N] [--spot] [--dry-run]
 
@@ -59,10 +60,6 @@ from sweeps.launch_parser import build_parser
 from sweeps.spec import RunSpec, Sweep
 from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_states, run_table,
                           skipped_lines, summary, text_table, unreadable_lines)
-
-# Assumed utilisation for time estimates when no run of the sweep has finished yet.
-GUESSED_UTILISATION = 0.3
-
 
 class LauncherError(ValueError):
     """Bad input to the launcher; printed as one line, exit status 2."""
@@ -128,22 +125,6 @@ def _throughput(states: list[RunState]) -> float | None:
     return sum(s.spec.flops for s in done) / seconds if seconds > 0 else None
 
 
-def _speed(sweep: Sweep, runs: list[RunSpec], workdir) -> tuple[float, float | None, str]:
-    """FLOP/s to quote a cost at: (the estimate, a fast end when the sweep gives a range, where they come
-    from): the sweep's finished runs, else its ``expected_mfu``, else ``GUESSED_UTILISATION`` of peak."""
-    measured = _throughput(read_states(runs, workdir))
-    peak = sweep.base.peak_flops
-    if measured:
-        return measured, None, ("the speed this sweep's finished runs reached in wall time (compiling and "
-                                "evaluation included)")
-    if sweep.expected_mfu:
-        low, high = sweep.expected_mfu
-        return low * peak, high * peak, (f"{high:.0%}–{low:.0%} model FLOP utilisation of peak_flops={peak:.3g} "
-                                         "FLOP/s (the sweep's expected_mfu); compilation and evaluation add to this")
-    return GUESSED_UTILISATION * peak, None, (f"{GUESSED_UTILISATION:.0%} of peak_flops={peak:.3g} FLOP/s, a "
-                                              "guess; compilation and evaluation add to this")
-
-
 DRY_RUN_ACTIONS = {"pending": "train", "failed": "retry", "diverged": "skip (diverged)", "finished": "skip",
                    "unreadable": "train again (record unreadable)"}
 
@@ -153,16 +134,23 @@ def _action(state: RunState) -> str:
 
 
 def cmd_dry_run(sweep: Sweep, args) -> int:
+    from sweeps import compile_cache, estimate_store, prices, sweep_cost
+
     runs, skipped, which, states = _read_share(sweep, args, allow_env=True)
     todo = [s for s in states if s.status in TO_TRAIN]
     flops, tokens = sum(s.spec.flops for s in todo), sum(s.spec.tokens for s in todo)
-    speed, fast, how = _speed(sweep, runs, args.workdir)  # the slow end of a range is the estimate
+    estimates = estimate_store.latest_for(compile_cache.default_directory(None), [s.spec for s in todo])
+    plan = sweep_cost.plan([s.spec for s in todo], sweep, _throughput(read_states(runs, args.workdir)), estimates,
+                           sweep_cost.canonical_device(getattr(args, "device", None)),
+                           prices.load_prices(getattr(args, "prices", None)))
+    fast, slow = plan.device_hours
     if args.json:
         rows = [{**s.to_dict(), "action": _action(s), "flops": s.spec.flops} for s in states]
-        extra = {"device_hours_range": [flops / fast / 3600, flops / speed / 3600]} if fast else {}
+        extra = {"device_hours_range": [fast, slow]} if plan.is_range else {}
         print(json.dumps({"sweep": sweep.name, "share": which, "runs": rows, "to_train": len(todo),
-                          "tokens": tokens, "flops": flops, "device_hours": flops / speed / 3600,
-                          "speed_flops_per_second": speed, **extra,
+                          "tokens": tokens, "flops": flops, "device_hours": slow,
+                          "speed_flops_per_second": flops / slow / 3600 if slow else None, **extra,
+                          "device": plan.device, "preflight_runs": plan.preflight_runs, "cost": plan.cost,
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"dry run of sweep {sweep.name}: {which}")
@@ -172,10 +160,9 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     tally = collections.Counter(s.status for s in states)
     print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
           f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
-    duration = (f"{flops / speed / 3600:.3g} device-hours" if not fast else
-                f"{flops / fast / 60:.0f}–{flops / speed / 60:.0f} device-minutes")
     print(f"cost: {tokens:.3g} training tokens, ≈{flops:.2g} FLOPs "
-          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {duration} at {how}")
+          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {plan.duration()} at {plan.how}")
+    print(plan.price_line)
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
@@ -221,7 +208,8 @@ def cmd_run(sweep: Sweep, args) -> int:
     if writes_sweep:
         _write_sweep_json(sweep, args.workdir)
     todo = _runs_to_train(sweep, runs, skipped, mine, which, args.workdir, say)
-    loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy)
+    loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy,
+                   train_arguments=preflight_estimates())  # each run's record keeps the preflight's estimate
     code = loop.train([state.spec for state in todo], desc=f"sweep {sweep.name}")
     if code is not None:
         return code
@@ -300,6 +288,20 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     table = wandb.Table(columns=columns, data=[[s.to_dict()[c] for c in columns] for s in states])
     run.log({"runs": table, **{f"runs_{status}": n for status, n in counts(states).items()}})
     run.finish()
+
+
+def preflight_estimates():
+    """``estimate_of(run)``: ``train.run``'s ``estimate`` argument (the record fields of the newest preflight
+    estimate kept for ``run``, ``sweeps.estimate_store``), or no argument where there is none."""
+    from sweeps import compile_cache, estimate_store
+
+    directory = compile_cache.default_directory(None)
+
+    def estimate_of(run) -> dict:
+        fields = estimate_store.record_fields(estimate_store.latest(directory, run.run_id))
+        return {"estimate": fields} if fields else {}
+
+    return estimate_of
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:

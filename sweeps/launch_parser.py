@@ -96,7 +96,24 @@ def _add_run_options(sub) -> None:
     _add_pod_wide(sub)
 
 
+def _add_prices(sub) -> None:
+    sub.add_argument("--prices", metavar="FILE",
+                     help="US dollars per device-hour from this CSV (header device,on_demand,spot; e.g. "
+                          "v5e,1.20,0.24-0.60) or a SkyPilot vms.csv; default: SkyPilot's downloaded "
+                          "catalog (~/.sky/catalogs/*/gcp/vms.csv), else the project's table")
+
+
+def _add_dry_run_options(sub) -> None:
+    _add_pod_wide(sub)
+    _add_prices(sub)
+    sub.add_argument("--device", metavar="KIND",
+                     help="the accelerator the sweep trains on, for its peak FLOP/s and price when no "
+                          "preflight has run: v4, v5e, v5p, v6e, H100, H200, A100, A100-80GB "
+                          "(default: the preflight's TPU, else the device whose peak is peak_flops)")
+
+
 def _add_preflight_options(sub) -> None:
+    _add_prices(sub)
     sub.add_argument("--topology", required=True,
                      help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
                           "multi-host slice each run is checked on one host's 2x2 chips, as run "
@@ -115,7 +132,7 @@ def _add_preflight_options(sub) -> None:
                           "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
 
 
-COMMAND_OPTIONS = {"run": _add_run_options, "dry-run": _add_pod_wide, "preflight": _add_preflight_options}
+COMMAND_OPTIONS = {"run": _add_run_options, "dry-run": _add_dry_run_options, "preflight": _add_preflight_options}
 
 
 def _add_hosts(commands) -> None:

@@ -41,13 +41,27 @@ What is reported per run, and where each number comes from:
   trainer's own MFU, at the estimated step time: model FLOPs, not compiled
   ones; ``mfu_upper_bound`` is the same with compiled FLOPs / peak as the
   step time (every op at peak, nothing else).
+- two estimates per row and the range between them (``sweeps.estimate_range``):
+  ``roofline_corrected_step_seconds`` (the roofline corrected for tile
+  padding, a per-op floor, collective latency and attention's matrix-unit
+  fill, ``sweeps.roofline_corrections``; ``corrections`` gives each one's
+  seconds) and ``compiler_step_seconds`` (libtpu's ``estimated_cycles`` at the
+  chip's clock, ``sweeps.compiler_estimate``; None and
+  ``compiler_estimate_missing`` where the backend gave none);
+  ``step_seconds_low``/``_high``, ``mfu_low``/``_high`` (attention's full
+  square, the trainer's MFU) and ``mfu_causal_low``/``_high`` (its causal
+  half). The summary gives ``chip_hours_low``/``_high`` and the median MFUs.
 - ``remat_suggestion`` (``--remat-search``): the cheapest rematerialisation
   policy (none < dots < full) that fits, found by compiling the cheaper ones.
 - ``compile_cached``: the compiler's answer came from ``sweeps.compile_cache``
   (the same lowered program for the same slice and compiler was compiled by
   an earlier preflight), so ``compile_seconds`` is only the lookup.
 The summary gives chip-hours, wall time, the runs' uncounted loops, and how
-many programs were compiled and how many came from the cache.
+many programs were compiled and how many came from the cache; the chip-hours'
+price on demand and spot (``sweeps.prices``: ``--prices FILE``, else
+SkyPilot's downloaded catalog, else the shipped table, each named with its
+date). Each run's estimate is kept beside the compile cache
+(``sweeps.estimate_store``) for ``dry-run`` and for the run's record.
 """
 
 from __future__ import annotations
@@ -69,7 +83,7 @@ from scaling import budget, data as data_lib, mesh as mesh_lib, program as progr
 from scaling.rundir import one_line
 from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
-from sweeps import compile_cache, kernels, roofline, slices
+from sweeps import compile_cache, estimate_range, estimate_store, kernels, prices, roofline, slices
 from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
 from sweeps.hosts import TPU_CHIPS_PER_HOST
 from sweeps.preflight_table import format_table
@@ -245,7 +259,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
            "estimated_mfu": None, "mfu_upper_bound": None, "loops_counted": None, "loops_uncounted": None,
            "kernels_analytic": None, "kernels_uncounted": None, "collectives": None, "compile_seconds": None,
            "compile_cached": False, "remat": config.model.remat, "attention_impl": config.model.attention_impl,
-           "remat_suggestion": None,
+           "remat_suggestion": None, **estimate_range.EMPTY_FIELDS,
            "parameters": None,
            "tokens_per_step": config.batch_size * config.data.seq_len,
            "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
@@ -298,6 +312,11 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         row["error"] = f"cost estimate unavailable: {one_line(error)}"
         return row
     row.update(estimate_fields(config, estimate, len(devices), chip))
+    try:
+        row.update(estimate_range.row_fields(config, compiled.as_text(), topology.generation, mesh.devices.flat,
+                                             kernels.kernel_cost(config.model), len(devices)))
+    except Exception as error:  # noqa: BLE001 - like the roofline above, a bonus: the fit verdict stands
+        row["error"] = f"estimate range unavailable: {one_line(error)}"
     return row
 
 
@@ -450,7 +469,8 @@ def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = F
             "loops_uncounted": sum(row.get("loops_uncounted") or 0 for row in distinct),
             "programs_compiled": sum(not row.get("compile_cached") for row in distinct),
             "programs_from_cache": sum(bool(row.get("compile_cached")) for row in distinct),
-            "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours}
+            "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours,
+            **estimate_range.summary_fields(rows, runs, topology.chips, parallel)}
 
 
 def _median(values: list):
@@ -467,7 +487,8 @@ def main(sweep, args, runs=None) -> int:
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
     ``{"runs": [rows], "summary": {...}}`` instead of the table),
     ``pod_wide``, ``jobs`` (compile processes), ``remat_search`` and
-    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``).
+    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``) and
+    ``prices`` (a price file, or None: ``sweeps.prices.load_prices``).
     ``runs`` (``RunSpec``s; default: the whole sweep) are the runs to check,
     e.g. after ``--only``.
     """
@@ -480,6 +501,11 @@ def main(sweep, args, runs=None) -> int:
         print('error: the preflight needs the TPU compiler (libtpu); install it with: pip install -e ".[tpu]"',
               file=sys.stderr)
         return 2
+    try:  # a bad --prices file too, before any compile
+        price_table = prices.load_prices(getattr(args, "prices", None))
+    except prices.PriceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     runs = sweep.expand().runs if runs is None else runs
     pod_wide = getattr(args, "pod_wide", False)
     jobs = getattr(args, "jobs", None) or 1
@@ -491,6 +517,13 @@ def main(sweep, args, runs=None) -> int:
     summary = sweep_summary(rows, runs, topology.name, pod_wide)
     summary["preflight_seconds"] = round(time.perf_counter() - started, 1)
     summary["jobs"] = jobs
+    summary["estimates_kept"] = estimate_store.save(cache_directory, runs, rows, topology.name)
+    # Priced over the range of the two estimates (the corrected roofline and the compiler's own); where the
+    # compiler gave no estimate, at the roofline's chip-hours only.
+    low, high = summary.get("chip_hours_low"), summary.get("chip_hours_high")
+    hours = summary["chip_hours"] if low is None else (low, low if high is None else high)
+    summary["cost"] = prices.cost(price_table, topology.generation, hours)
+    summary["price_line"] = prices.cost_line(summary["cost"], topology.generation, price_table)
     if getattr(args, "json", False):
         print(json.dumps({"runs": rows, "summary": summary}, indent=2))
     else:

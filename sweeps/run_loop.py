@@ -47,14 +47,17 @@ STORAGE_LOST = Next(done=False, failed=True, exit_code=1)  # writes abandoned: t
 
 
 class RunLoop:
-    """Trains runs in order with one ``Stop``; ``say`` prints a line (a no-op off process 0).
+    """Trains runs in order with one ``Stop``; ``say`` prints a line (a no-op off process 0), and
+    ``train_arguments(run)`` gives ``scaling.train.run``'s further keyword arguments for a run.
 
     After ``train``: ``busy`` holds the runs left to other launchers (with
     ``when_busy="exit"``), ``failed`` the names of runs that failed here.
     """
 
-    def __init__(self, workdir, say: Callable[[str], None], *, show_progress: bool, when_busy: str):
+    def __init__(self, workdir, say: Callable[[str], None], *, show_progress: bool, when_busy: str,
+                 train_arguments: Callable[[RunSpec], dict] = lambda run: {}):
         self.workdir, self.say, self.show_progress, self.when_busy = workdir, say, show_progress, when_busy
+        self.train_arguments = train_arguments
         self.stop = Stop()
         self.bar = None
         self.busy, self.failed, self.announced = [], [], set()
@@ -111,7 +114,7 @@ class RunLoop:
         run_dir = run.run_dir(self.workdir)
         try:
             result = train.run(run.config, run_dir, show_progress=self.show_progress, stop=self.stop,
-                               raise_if_finished=True)
+                               raise_if_finished=True, **self.train_arguments(run))
         except train.AlreadyFinished:  # finished by another launcher after the check above
             return DONE, f"{run.name}: already finished by another launcher"
         except Preempted as stopped:

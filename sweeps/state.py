@@ -31,7 +31,8 @@ class RunState(collections.namedtuple("RunState", "spec status checkpoint_step r
         record = self.record or {}
         return {**self.spec.describe(), "status": self.status, "steps": self.spec.config.steps,
                 "checkpoint_step": self.checkpoint_step, "final_eval_loss": record.get("final_eval_loss"),
-                "train_seconds": record.get("train_seconds"), "wall_seconds": record.get("wall_seconds")}
+                "train_seconds": record.get("train_seconds"), "wall_seconds": record.get("wall_seconds"),
+                **{key: record.get(key) for key in ("mfu", "estimated_step_seconds", "estimated_mfu")}}
 
 
 def read_state(run: RunSpec, workdir) -> RunState:
@@ -161,8 +162,10 @@ def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
 def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
     """Counts per status, the results table, loss at equal size and the analysis."""
     sweep_dir = os.path.join(str(workdir), sweep.name)
+    from sweeps import calibration
+
     parts = [f"== sweep {sweep.name}: {counts_line(states)} (of {len(states)} runs)",
-             run_table(states, sweep.multiple_of)]
+             run_table(states, sweep.multiple_of), *calibration.lines(states)]
     parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
     parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
     return "\n".join(parts)
