@@ -52,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _sweep_arguments()
     for name, help_text in COMMAND_HELP.items():
-        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
-        if name in COMMAND_OPTIONS:
-            COMMAND_OPTIONS[name](sub)
+        _add_options(commands.add_parser(name, parents=[common], help=help_text, description=help_text), name)
     _add_hosts(commands)
     _add_sky(commands)
     return parser
@@ -79,60 +77,47 @@ def _sweep_arguments() -> argparse.ArgumentParser:
     return common
 
 
-def _add_pod_wide(sub) -> None:
-    sub.add_argument("--pod-wide", action="store_true",
-                     help="all hosts train every run together (jax.distributed); default on a "
-                          "multi-host slice or SLURM job: each host trains its own share")
-
-
-def _add_run_options(sub) -> None:
-    sub.add_argument("--no-progress", action="store_true",
-                     help="no progress display (a terminal otherwise shows bars, a log file a line "
-                          "every 30 s per run and one per finished run)")
-    sub.add_argument("--when-busy", choices=busy_lib.WHEN_BUSY, default="wait",
-                     help="a run of the share that another live launcher holds: wait for it to finish "
-                          "(taking it over if its lease goes stale; default), or exit 75 naming it so "
-                          "that the job is retried later; never exit 0 while it is unfinished")
-    _add_pod_wide(sub)
-
-
-def _add_prices(sub) -> None:
-    sub.add_argument("--prices", metavar="FILE",
-                     help="US dollars per device-hour from this CSV (header device,on_demand,spot; e.g. "
-                          "v5e,1.20,0.24-0.60) or a SkyPilot vms.csv; default: SkyPilot's downloaded "
-                          "catalog (~/.sky/catalogs/*/gcp/vms.csv), else the project's table")
-
-
-def _add_dry_run_options(sub) -> None:
-    _add_pod_wide(sub)
-    _add_prices(sub)
-    sub.add_argument("--device", metavar="KIND",
-                     help="the accelerator the sweep trains on, for its peak FLOP/s and price when no "
-                          "preflight has run: v4, v5e, v5p, v6e, H100, H200, A100, A100-80GB "
-                          "(default: the preflight's TPU, else the device whose peak is peak_flops)")
-
-
-def _add_preflight_options(sub) -> None:
-    _add_prices(sub)
-    sub.add_argument("--topology", required=True,
-                     help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
-                          "multi-host slice each run is checked on one host's 2x2 chips, as run "
-                          "trains it by default")
-    sub.add_argument("--pod-wide", action="store_true",
-                     help="check each run on the whole slice, as run --pod-wide trains it")
-    sub.add_argument("--jobs", type=int, default=None, metavar="N",
-                     help="compile the distinct programs in N processes (default: as memory and cores "
-                          "allow, at most 4)")
-    sub.add_argument("--remat-search", action="store_true",
-                     help="for each run that fits, also compile the cheaper remat policies (none < dots "
-                          "< full) and report the cheapest that fits (up to 2 more compiles a run)")
-    sub.add_argument("--compile-cache", default=None, metavar="DIR",
-                     help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
-                          "only programs that changed; 'off' compiles everything (default: "
-                          "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
-
-
-COMMAND_OPTIONS = {"run": _add_run_options, "dry-run": _add_dry_run_options, "preflight": _add_preflight_options}
+def _add_options(sub, command: str) -> None:
+    """The options of the sweep command ``command`` besides those every sweep command takes."""
+    if command == "run":
+        sub.add_argument("--no-progress", action="store_true",
+                         help="no progress display (a terminal otherwise shows bars, a log file a line "
+                              "every 30 s per run and one per finished run)")
+        sub.add_argument("--when-busy", choices=busy_lib.WHEN_BUSY, default="wait",
+                         help="a run of the share that another live launcher holds: wait for it to finish "
+                              "(taking it over if its lease goes stale; default), or exit 75 naming it so "
+                              "that the job is retried later; never exit 0 while it is unfinished")
+    if command in ("run", "dry-run"):
+        sub.add_argument("--pod-wide", action="store_true",
+                         help="all hosts train every run together (jax.distributed); default on a "
+                              "multi-host slice or SLURM job: each host trains its own share")
+    if command in ("dry-run", "preflight"):
+        sub.add_argument("--prices", metavar="FILE",
+                         help="US dollars per device-hour from this CSV (header device,on_demand,spot; e.g. "
+                              "v5e,1.20,0.24-0.60) or a SkyPilot vms.csv; default: SkyPilot's downloaded "
+                              "catalog (~/.sky/catalogs/*/gcp/vms.csv), else the project's table")
+    if command == "dry-run":
+        sub.add_argument("--device", metavar="KIND",
+                         help="the accelerator the sweep trains on, for its peak FLOP/s and price when no "
+                              "preflight has run: v4, v5e, v5p, v6e, H100, H200, A100, A100-80GB "
+                              "(default: the preflight's TPU, else the device whose peak is peak_flops)")
+    if command == "preflight":
+        sub.add_argument("--topology", required=True,
+                         help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
+                              "multi-host slice each run is checked on one host's 2x2 chips, as run "
+                              "trains it by default")
+        sub.add_argument("--pod-wide", action="store_true",
+                         help="check each run on the whole slice, as run --pod-wide trains it")
+        sub.add_argument("--jobs", type=int, default=None, metavar="N",
+                         help="compile the distinct programs in N processes (default: as memory and cores "
+                              "allow, at most 4)")
+        sub.add_argument("--remat-search", action="store_true",
+                         help="for each run that fits, also compile the cheaper remat policies (none < dots "
+                              "< full) and report the cheapest that fits (up to 2 more compiles a run)")
+        sub.add_argument("--compile-cache", default=None, metavar="DIR",
+                         help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
+                              "only programs that changed; 'off' compiles everything (default: "
+                              "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
 
 
 def _add_hosts(commands) -> None:
