@@ -346,6 +346,12 @@ class TrainConfig:
             _require(self.data.seq_len % 128 == 0, "data.seq_len",
                      "a multiple of 128 with model.attention_impl='flash' (or use 'xla')", self.data.seq_len)
 
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step is planned for: ``batch_size`` sequences of ``data.seq_len`` tokens.
+        (A classification task's rows can be shorter; the run record holds what was trained.)"""
+        return self.batch_size * self.data.seq_len
+
 
 # ---------------------------------------------------------------------------
 # dict / JSON round trip and dotted overrides (``--set optim.peak_lr=1e-3``)

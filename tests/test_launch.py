@@ -497,7 +497,9 @@ def test_a_run_another_launcher_finishes_after_the_check_is_not_reported_as_trai
     tiny.on_one_device(monkeypatch)
     assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
     capsys.readouterr()
-    real_states, real_state = launch.read_states, launch.read_state
+    from sweeps import run_loop
+
+    real_states, real_state = launch.read_states, run_loop.read_state
     calls = []
 
     def stale_at_first(*args, **kwargs):  # the work directory as it was before the other launcher finished
@@ -506,7 +508,7 @@ def test_a_run_another_launcher_finishes_after_the_check_is_not_reported_as_trai
         return [state._replace(status="pending") for state in states] if len(calls) == 1 else states
 
     monkeypatch.setattr(launch, "read_states", stale_at_first)
-    monkeypatch.setattr(launch, "read_state", lambda *args: real_state(*args)._replace(status="pending"))
+    monkeypatch.setattr(run_loop, "read_state", lambda *args: real_state(*args)._replace(status="pending"))
     assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
     printed = capsys.readouterr()
     text = printed.out + printed.err
