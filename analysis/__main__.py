@@ -24,8 +24,6 @@ import csv
 import io
 import json
 import math
-import os
-import re
 import sys
 
 import numpy as np
@@ -34,34 +32,12 @@ from analysis import projection
 from analysis.errors import AnalysisInputError
 from analysis.fit import save_fit
 from analysis.shapes import width_at
+from scaling import cli
+
+MODULE_FORM = "python -m analysis"  # the command's name when not started as depth-width-analysis
 
 # The sweep commands import pandas, scipy.stats and matplotlib only when they run,
 # so `optimal`, `table` and `transition-size` start quickly.
-
-
-def _prog() -> str:
-    """The command as the user typed it: a console script (depth-width-analysis) or ``python -m analysis``."""
-    name = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return name if name.startswith("depth-width-") else "python -m analysis"
-
-
-PROG = _prog()
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error message instead of usage + error.
-
-    A value that looks like a negative number (``--params -1e9``) is read as
-    a value, so that it is told it must be positive; argparse's own matcher
-    knows only plain negative decimals and would call "-1e9" an option.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _params_arg(text):
@@ -91,12 +67,15 @@ def _json_default(value):
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
+def _print_written(paths, out, what: str = "") -> None:
+    """The files a drawing command wrote, one a line under a heading naming their directory."""
+    print(f"wrote {len(paths)} files to {out}{what}:")
+    for path in paths:
+        print(f"  {path}")
+
+
 def _fit_banner(fit) -> str:
     return f"fit {fit.name}: a = {fit.a:.4g}, b = {fit.b:.4g}"
-
-
-def _fmt(value, spec, missing="–"):
-    return missing if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 # ---------------------------------------------------------------- projections
@@ -124,8 +103,8 @@ def cmd_optimal(args) -> int:
     (shape,) = shapes
     print(f"budget N = {shape.params:.4g} non-embedding parameters ({_fit_banner(fit)})")
     print(f"optimal depth  {shape.depth} layers (N_tr(L) = N at L = {shape.depth_continuous:.2f}; "
-          f"N_tr·e^(±ΔN/N_tr) = N gives L = {_fmt(shape.depth_low, '.1f', 'unbounded')} to "
-          f"{_fmt(shape.depth_high, '.1f', 'unbounded')})")
+          f"N_tr·e^(±ΔN/N_tr) = N gives L = {cli.fmt(shape.depth_low, '.1f', 'unbounded')} to "
+          f"{cli.fmt(shape.depth_high, '.1f', 'unbounded')})")
     if shape.depth_continuous < 1:
         print(f"  (N_tr(1) = {float(projection.transition_params(1, fit)):.3g} > N: even one layer is too deep "
               "for this budget under this fit)")
@@ -242,7 +221,7 @@ def cmd_fit(args) -> int:
     if fit is None and args.save:
         # Non-zero, so that a script chaining `fit --save` into `optimal --fit` stops here, not one step later.
         why = result.fit_messages.get(args.estimate) or result.message or "no transitions to fit"
-        print(f"{_prog()} fit: nothing saved to {args.save}: no {args.estimate} fit ({why})", file=sys.stderr)
+        print(f"{cli.prog(MODULE_FORM)} fit: nothing saved to {args.save}: no {args.estimate} fit ({why})", file=sys.stderr)
         return 1
     return 0
 
@@ -272,9 +251,7 @@ def cmd_plot(args) -> int:
             print(line)
         for note in notes:
             print(note)
-        print(f"wrote {len(paths)} files to {args.out}:")
-        for path in paths:
-            print(f"  {path}")
+        _print_written(paths, args.out)
     return 0
 
 
@@ -296,9 +273,7 @@ def cmd_curves(args) -> int:
           f"widths {sorted({r.width for r in runs})}")
     for note in notes:
         print(note)
-    print(f"wrote {len(paths)} files to {args.out} (one figure per {args.by}, PNG and PDF):")
-    for path in paths:
-        print(f"  {path}")
+    _print_written(paths, args.out, f" (one figure per {args.by}, PNG and PDF)")
     return 0
 
 
@@ -315,16 +290,6 @@ def cmd_synthetic(args) -> int:
     print(f"wrote {len(runs)} runs to {args.out}: depths {sorted(set(args.depths))}, {args.seeds} seeds, seed noise "
           f"{args.noise:g} nats, transitions planted at a = {fit.a:.4g}, b = {fit.b:.4g} ({fit.name})")
     return 0
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
-    return value
 
 
 def _noise_arg(text):
@@ -371,7 +336,7 @@ def _described_by_their_help(commands):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` argument parser."""
-    parser = _Parser(prog=_prog(), description=__doc__,
+    parser = cli.Parser(prog=cli.prog(MODULE_FORM), description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = _described_by_their_help(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
@@ -409,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print JSON (an object for one depth, a list for several)")
     size.set_defaults(run=cmd_transition_size)
 
-    sweep = _Parser(add_help=False)
+    sweep = cli.Parser(add_help=False)
     sweep.add_argument("source", help="sweep directory (searched for result.json) or CSV with columns "
                                       "depth,width,params,seed,loss (optional: peak_lr,steps,lr_rule,"
                                       "data_fingerprint)")
@@ -461,9 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(analysis/synthetic.py). `fit` on the CSV should give back about the planted a and b.")
     synthetic.add_argument("--out", required=True, metavar="PATH", help="CSV file to write")
     synthetic.add_argument("--fit", default="levine2020", help="fit whose a and b are planted (" + fit_help + ")")
-    synthetic.add_argument("--depths", type=_positive_int, nargs="+", default=[6, 12, 18, 24, 30, 36],
+    synthetic.add_argument("--depths", type=cli.positive_int, nargs="+", default=[6, 12, 18, 24, 30, 36],
                            help="depths L in layers (default: the paper's 6 12 18 24 30 36)")
-    synthetic.add_argument("--seeds", type=_positive_int, default=3, help="seeds per shape (3)")
+    synthetic.add_argument("--seeds", type=cli.positive_int, default=3, help="seeds per shape (3)")
     synthetic.add_argument("--noise", type=_noise_arg, default=0.004,
                            help="seed standard deviation in nats per token (0.004)")
     synthetic.add_argument("--seed", type=int, default=0, help="random seed of the noise (0)")
@@ -487,8 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "the pre-registered criterion of results/hp_transfer/README.md, from the run records "
                     "of sweeps/configs/hp_transfer.py.")
     transfer.add_argument("directory", help="sweep directory, e.g. results/hp_transfer")
-    transfer.add_argument("--base-width", type=_positive_int, default=64, help="width of the depth axis (64)")
-    transfer.add_argument("--base-depth", type=_positive_int, default=2, help="depth of the width axis (2)")
+    transfer.add_argument("--base-width", type=cli.positive_int, default=64, help="width of the depth axis (64)")
+    transfer.add_argument("--base-depth", type=cli.positive_int, default=2, help="depth of the width axis (2)")
     transfer.add_argument("--json", action="store_true", help="JSON instead of markdown tables")
     transfer.add_argument("--figure", metavar="PATH", help="also draw loss against peak rate (PNG/PDF)")
     transfer.set_defaults(run=cmd_hp_transfer)

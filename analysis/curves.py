@@ -67,13 +67,13 @@ def _read_json(path: epath.Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _tokens_per_step(config: dict, rows: list[dict]) -> float:
+def _tokens_per_step(record: dict, rows: list[dict]) -> float:
     """Training tokens per optimizer step: as logged (classification rows are shorter than seq_len), else
-    the config's batch size × sequence length."""
+    the run record's ``tokens_per_step``, else NaN (unknown)."""
     logged = [row["tokens"] / row["step"] for row in rows if row.get("tokens") and row["step"] > 0]
     if logged:
         return float(np.median(logged))
-    return float(config.get("batch_size", 0) * config.get("data", {}).get("seq_len", 0))
+    return float(record.get("tokens_per_step") or math.nan)
 
 
 def _finite(value) -> bool:
@@ -88,13 +88,13 @@ def read_run(run_dir) -> RunCurve | None:
     if not isinstance(model, dict) or "depth" not in model or "width" not in model:
         return None
     rows = read_metrics(run_dir)
-    per_step = _tokens_per_step(config, rows)
+    record = _read_json(run_dir / "result.json") or {}
+    per_step = _tokens_per_step(record, rows)
     train = [(row["step"], row["step"] * per_step, row["loss"]) for row in rows if _finite(row.get("loss"))]
     evals = [(row["step"], row["step"] * per_step, row["eval_loss"]) for row in rows
              if _finite(row.get("eval_loss"))]
     if not train and not evals:
         return None
-    record = _read_json(run_dir / "result.json") or {}
     return RunCurve(path=str(run_dir), name=config.get("name") or run_dir.name, depth=int(model["depth"]),
                     width=int(model["width"]), seed=int(config.get("seed", 0)),
                     peak_lr=float(config.get("optim", {}).get("peak_lr", math.nan)), status=record.get("status"),

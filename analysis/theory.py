@@ -37,11 +37,6 @@ def depth_threshold(width):
     return log3(width)
 
 
-def width_threshold(depth):
-    """The width d_x = 3^L (channels) at which depth L (layers) sits on the threshold."""
-    return 3.0 ** np.asarray(depth, dtype=float)
-
-
 def _broadcast(depth, width, heads):
     depth, width, heads = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (depth, width, heads)))
     if np.any(heads < 1) or np.any(heads >= width):

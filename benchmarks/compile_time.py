@@ -3,8 +3,9 @@
 For each depth L (default 6, 24, 48) at width 64 (sequence 128, batch 16,
 the throughput benchmark's model), it builds ``scaling.program.build(...)``
 twice, with ``ModelConfig.scan_layers`` True and False, and reports:
-- compile seconds: tracing, lowering and XLA compilation of ``train_step``
-  (ahead of time, from abstract shapes);
+- compile seconds: building the program (its abstract state), tracing,
+  lowering and XLA compilation of ``train_step`` (ahead of time, from
+  abstract shapes, by ``scaling.program.lower_train_step``);
 - step milliseconds: the median wall time of one compiled step.
 Scanning should keep compile time flat in depth; unrolling grows with it.
 
@@ -35,10 +36,9 @@ def measure(depth: int, width: int, scan_layers: bool, steps: int) -> dict:
     config = train_config(depth, width, scan_layers=scan_layers)
     mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
     program_lib.forget_programs()  # compile from scratch, even a shape this process has built before
-    program = program_lib.build(config, mesh)
     start = time.perf_counter()
-    compiled = program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
-                                        program.abstract_hparams).compile()
+    program, lowered = program_lib.lower_train_step(config, mesh)
+    compiled = lowered.compile()
     compile_seconds = time.perf_counter() - start
     state, batch = program.init(jax.random.PRNGKey(0)), random_batch(mesh)
     hparams = jax.device_put(program_lib.hyperparameters(config), mesh_lib.replicated(mesh))

@@ -4,13 +4,17 @@
     python benchmarks/compiled_steps.py save DIR gpt3-xl                    # GPT-3 XL, fsdp=256 on v5e:16x16
     python benchmarks/compiled_steps.py price DIR > rows.json               # preflight-style rows, one per file
 
-``save`` compiles with whatever code is first on ``PYTHONPATH`` and uses
-only what every version of this project has had (``sweeps.preflight``'s
-``_compile`` and ``topology_devices``, ``sweeps.spec``), so the programs of
-an older commit can be saved with it and priced by a newer roofline:
+``save`` compiles with whatever code is first on ``PYTHONPATH`` through its
+public names (``scaling.program.lower_train_step``, ``sweeps.preflight``'s
+``topology_devices``, ``sweeps.spec``), so the programs of another commit
+from this one on can be saved with it and priced by a newer roofline.
+Commits older than ``lower_train_step`` had only the preflight's private
+``_compile``, which this script's version of 7c57e3f calls; that is how
+``benchmarks/pod_report_before.json`` was saved from the code before issue 27:
 
     git archive 3cb5523 | tar -x -C /tmp/before     # the code before issue 27
-    PYTHONPATH=/tmp/before python benchmarks/compiled_steps.py save /tmp/hlo-before paper 'L6-*-s0' v5e:2x4
+    git show 7c57e3f:benchmarks/compiled_steps.py > /tmp/compiled_steps_then.py
+    PYTHONPATH=/tmp/before python /tmp/compiled_steps_then.py save /tmp/hlo-before paper 'L6-*-s0' v5e:2x4
     python benchmarks/compiled_steps.py price /tmp/hlo-before > benchmarks/pod_report_before.json
 
 ``price`` needs this checkout; its rows carry the same cost fields as the
@@ -55,7 +59,7 @@ def save(directory: Path, runs) -> None:
     """Compile each run for its whole topology and write NAME.hlo and NAME.json (memory, config) to ``directory``."""
     import jax
 
-    from scaling import mesh as mesh_lib
+    from scaling import mesh as mesh_lib, program as program_lib
     from scaling.config import to_dict
     from sweeps import preflight
 
@@ -64,7 +68,7 @@ def save(directory: Path, runs) -> None:
         devices = preflight.topology_devices(preflight.parse_topology(topology))
         mesh = mesh_lib.make_mesh(config.mesh, devices)
         started = time.perf_counter()
-        compiled = preflight._compile(config, mesh)
+        compiled = program_lib.lower_train_step(config, mesh)[1].compile()
         stats = compiled.memory_analysis()
         planned = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
                    + stats.temp_size_in_bytes)
@@ -78,9 +82,10 @@ def save(directory: Path, runs) -> None:
 
 def price(directory: Path) -> list[dict]:
     """Preflight-style cost rows of every program saved in ``directory``, priced by this checkout's roofline."""
-    from scaling import mesh as mesh_lib
+    from scaling import mesh as mesh_lib, program as program_lib
     from scaling.config import TrainConfig, from_dict
-    from sweeps import kernels, preflight, roofline
+    from sweeps import preflight
+    from sweeps.preflight import kernels, roofline
 
     rows = []
     for meta_path in sorted(directory.glob("*.json")):
@@ -94,8 +99,6 @@ def price(directory: Path) -> list[dict]:
         row = {key: meta[key] for key in ("name", "topology", "chips", "jax", "compile_seconds",
                                            "hbm_bytes_per_device", "temporary_bytes")}
         row["fits"] = meta["hbm_bytes_per_device"] <= preflight.FIT_FRACTION * topology.chip.hbm_bytes
-        from scaling import program as program_lib
-
         row["parameters"] = preflight.parameter_count(program_lib.build(config, mesh))
         row.update(preflight.estimate_fields(config, estimate, len(devices), topology.chip))
         rows.append(row)

@@ -18,7 +18,7 @@ then are quoted in that file's ``old_roofline`` entries.
 
 Per run: step seconds, bound and MFU (``scaling.flops``'s model FLOPs);
 per sweep: chip-hours of training steps and their price. Every figure is a
-roofline estimate from compiled programs (``sweeps/roofline.py`` says what
+roofline estimate from compiled programs (``sweeps/preflight/roofline.py`` says what
 it leaves out); nothing here ran on a TPU.
 
 Measured on the shared 2-core dev machine (jax 0.10.2, libtpu 0.0.42.1, 2026-11-24), for the

@@ -61,7 +61,6 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_SWEEP = REPO / "sweeps" / "configs" / "paper.py"
-GIB = 2**30
 
 
 def paper_base():
@@ -107,17 +106,18 @@ def fsdp_l2(constrained: bool) -> dict:
     import jax
 
     from scaling import mesh as mesh_lib, program as program_lib
-    from sweeps import preflight, roofline
+    from scaling.hardware import GIB
+    from sweeps import preflight
 
     config = fsdp_l2_config()
     devices = preflight.topology_devices(preflight.parse_topology("v5e:2x2"))
     mesh = mesh_lib.make_mesh(config.mesh, devices)
     started = time.perf_counter()
     with activation_constraints(constrained):
-        program = program_lib.build(config, mesh)  # once per process: the patch above is part of its trace
-        compiled = program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
-                                            program.abstract_hparams).compile()
-    traffic = roofline.collective_traffic(compiled.as_text(), len(devices))
+        # Built once per process: the patch above is part of its trace.
+        program, lowered = program_lib.lower_train_step(config, mesh)
+        compiled = lowered.compile()
+    traffic = preflight.collective_traffic(compiled.as_text(), len(devices))
     params = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
                  for leaf in jax.tree_util.tree_leaves(program.abstract_state["params"]))
     stats = compiled.memory_analysis()

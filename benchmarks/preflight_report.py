@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from scaling.config import override
-from sweeps import preflight, preflight_table, spec
+from sweeps import preflight, spec
 
 PAPER_SWEEP = Path(__file__).resolve().parents[1] / "sweeps" / "configs" / "paper.py"
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         row.update(depth=config.model.depth, width=config.model.width, batch_size=config.batch_size,
                    seq_len=config.data.seq_len, mesh={k: v for k, v in dataclasses.asdict(config.mesh).items()
                                                       if k != "rules"}, remat=config.model.remat)
-    print(json.dumps(rows, indent=2) if args.json else preflight_table.format_table(rows))
+    print(json.dumps(rows, indent=2) if args.json else preflight.format_table(rows))
     return 0
 
 

@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 from scaling import cli
-from sweeps import hlo
+from sweeps.preflight import hlo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -65,7 +65,7 @@ def model_part(op_name: str) -> str:
 
 def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str, str]]:
     """Each instruction's name in optimized HLO text -> (kind, pass, part), as the module docstring says
-    (``part`` is empty for everything but matrix products). The text is read by ``sweeps.hlo.parse``."""
+    (``part`` is empty for everything but matrix products). The text is read by ``sweeps.preflight.hlo.parse``."""
     module = hlo.parse(hlo_text)
 
     def opcodes(computation_name: str, seen: tuple = ()) -> set[str]:

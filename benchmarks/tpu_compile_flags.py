@@ -6,7 +6,7 @@
 
 The preflight's first run over a sweep is as slow as libtpu compiling each
 distinct program. This compiles one run's train step the way the preflight
-does (``program.train_step.lower(...).compile()`` for the slice's
+does (``scaling.program.lower_train_step(...)``, then ``.compile()``, for the slice's
 compile-only devices), once with libtpu's defaults and once per ``--flags``
 (written ``--flags=VALUE``, as the value starts with dashes), each in a fresh process: libtpu reads ``LIBTPU_INIT_ARGS`` once, when
 it starts. Printed per flag set: seconds to lower and to compile, the
@@ -58,9 +58,9 @@ def compile_once(sweep_path: str, run_name: str, topology_name: str) -> dict:
     config = runs[run_name].config
     topology = preflight.checked_topology(preflight.parse_topology(topology_name))
     mesh = mesh_lib.make_mesh(config.mesh, preflight.topology_devices(topology))
-    program = program_lib.build(config, mesh, **preflight._masking(config))
+    program_lib.build(config, mesh, **preflight.program_arguments(config))  # built (not lowered) outside the timing
     start = time.perf_counter()
-    lowered = preflight._lower(program, config, mesh)
+    _, lowered = program_lib.lower_train_step(config, mesh, preflight.program_arguments(config))
     lowered_at = time.perf_counter()
     try:
         compiled = lowered.compile()

@@ -52,10 +52,6 @@ def abstract_params(config: ModelConfig, *, padded: bool = False) -> dict:
     return nn.unbox(variables["params"])
 
 
-def _path_names(path) -> list[str]:
-    return [str(getattr(entry, "key", getattr(entry, "name", entry))) for entry in path]
-
-
 def count_params(model_config: ModelConfig) -> dict:
     """Exact parameter counts of the real parameter tree, by group.
 
@@ -71,7 +67,7 @@ def count_params(model_config: ModelConfig) -> dict:
     counts = {"non_embedding": 0, "embedding": 0, "other": 0}
     leaves = jax.tree_util.tree_flatten_with_path(abstract_params(model_config))[0]
     for path, leaf in leaves:
-        names = _path_names(path)
+        names = [jax.tree_util.keystr((entry,), simple=True) for entry in path]
         size = int(np.prod(leaf.shape, dtype=np.int64))
         if names[-1] == "kernel" and any(module in names for module in _CORE_MODULES):
             counts["non_embedding"] += size
@@ -152,16 +148,3 @@ def grid(depths, budgets, multiple_of: int = 64) -> Grid:
                 seen.add((depth, width))
                 result.append(GridPoint(depth, width, non_embedding_params(depth, width), budget))
     return result
-
-
-def rounding_tolerance(width: int, multiple_of: int) -> float:
-    """The largest factor by which a grid shape's 12·L·d² may differ from its budget.
-
-    The chosen width is the multiple of m = ``multiple_of`` nearest the ideal
-    width in log space, so the ideal lies within one step of it and N is off
-    by at most d / (d - m) in either direction. At the narrowest width the
-    budget may be up to 2× smaller (beyond that the budget is rejected).
-    """
-    if width <= multiple_of:
-        return 2.0
-    return width / (width - multiple_of)

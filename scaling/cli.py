@@ -1,9 +1,11 @@
 """Helpers the command-line tools share: the name a tool was started under, an
-argument parser whose errors are one line, an option type, and number cells for text tables."""
+argument parser whose errors are one line, option types, the frame of the commands
+that use a trained run, and text tables and their number cells."""
 
 import argparse
 import math
 import os
+import re
 import sys
 import textwrap
 
@@ -17,7 +19,17 @@ def prog(module_form: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one error line instead of usage + error: a sweep log stays readable."""
+    """argparse with one error line instead of usage + error: a sweep log stays readable.
+
+    Every entry point's parser (and its subcommands', which argparse makes of the same class) is one.
+    A value that looks like a negative number (``--params -1e9``) is read as a value, so that its
+    option says what is wrong with it; argparse's own matcher knows only plain negative decimals
+    and would call "-1e9" an unknown option.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -43,11 +55,36 @@ def positive_int(text: str) -> int:
     return value
 
 
+def run_dir_command(parser: argparse.ArgumentParser, argv, use) -> int:
+    """The frame of a command that uses a trained run (``eval``, ``sample``): parse ``argv``, set up the
+    CPU allocator before JAX starts, and return ``use(args)``'s exit status, or 2 with one line on stderr
+    for an unusable run directory, input or file (``RunDirError``, ``ValueError``, ``OSError``)."""
+    args = parser.parse_args(argv)
+    from scaling.cpu_allocator import tune_cpu_allocator
+
+    tune_cpu_allocator()
+    from scaling.restore import RunDirError
+
+    try:
+        return use(args)
+    except (RunDirError, ValueError, OSError) as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+
+
 def fmt(value, spec: str, missing: str = "-") -> str:
     """``value`` formatted with ``spec``, or ``missing`` for None, NaN and infinities."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return missing
     return format(value, spec)
+
+
+def text_table(header: list[str], rows: list[list], align: tuple[str, ...] | None = None) -> str:
+    """Cells padded into columns under ``header``, for terminals; ``align``: "left" or "right" per column
+    (default left). Cells are printed as given, never re-read as numbers."""
+    import tabulate
+
+    return tabulate.tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
 
 
 def doc_parser(doc: str, **kwargs) -> argparse.ArgumentParser:

@@ -325,7 +325,8 @@ class TrainConfig:
     checkpoint_every: PositiveInt = 50
     keep_checkpoints: PositiveInt = 2
     log_every: PositiveInt = 10
-    peak_flops: PositiveFloat = 2.2e11  # per device, for MFU; measured matmul peak of the dev CPU
+    # Per device, for MFU; None: the device's figure at model.compute_dtype from scaling.hardware.
+    peak_flops: PositiveFloat | None = None
     wandb_mode: Literal["auto", "offline", "online", "disabled"] = "auto"  # auto: online only with an API key
     wandb_project: str = "depth-width-scaling"
     sweep_name: str = ""  # wandb group
@@ -344,6 +345,12 @@ class TrainConfig:
         if self.model.attention_impl == "flash":  # the splash kernel tiles sequences in blocks of 128
             _require(self.data.seq_len % 128 == 0, "data.seq_len",
                      "a multiple of 128 with model.attention_impl='flash' (or use 'xla')", self.data.seq_len)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step is planned for: ``batch_size`` sequences of ``data.seq_len`` tokens.
+        (A classification task's rows can be shorter; the run record holds what was trained.)"""
+        return self.batch_size * self.data.seq_len
 
 
 # ---------------------------------------------------------------------------

@@ -37,7 +37,6 @@ validation documents; tokenizing and batching are ``scaling.data``'s job.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
@@ -45,6 +44,7 @@ import lzma
 import pathlib
 import re
 
+from scaling import cli
 from scaling.config import DataConfig
 
 CORPUS_DIR = pathlib.Path(__file__).resolve().parent / "corpus_data"
@@ -379,7 +379,7 @@ def main(argv=None) -> None:
 
         corpus_build.main(argv[1:])
         return
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog="python -m scaling.corpus",
         description="Rebuild the built-in corpus file from the Python docs' reStructuredText sources "
                     "(see this module's docstring for where to get them). `python -m scaling.corpus build "

@@ -40,7 +40,6 @@ import dataclasses
 import gzip
 import hashlib
 import html
-import io
 import json
 import os
 import pathlib
@@ -476,12 +475,12 @@ def build(sources: list[Source], out: pathlib.Path, show_progress: bool = False,
     return fingerprint
 
 
-def main(argv=None) -> None:
-    """``python -m scaling.corpus build``."""
-    import argparse
+def main(argv=None, prog: str = "python -m scaling.corpus build") -> None:
+    """``python -m scaling.corpus build`` (also ``python -m scaling.corpus_build``)."""
+    from scaling import cli
 
-    parser = argparse.ArgumentParser(
-        prog="python -m scaling.corpus build",
+    parser = cli.Parser(
+        prog=prog,
         description="Build an English prose corpus from installed Debian documentation packages (default) or "
                     "folders of text: strip markup, de-duplicate, write documents, a byte-level token cache, "
                     "its .tar.xz, LICENSES and fingerprint.json into --out (see scaling/corpus_build.py).")
@@ -522,3 +521,7 @@ def main(argv=None) -> None:
     print(f"total {fingerprint['prose_bytes'] / 1e6:.2f} MB of prose in {fingerprint['documents']} documents; "
           f"{args.out / ARCHIVE}: {fingerprint['archive']['mib']} MiB; data fingerprint "
           f"{fingerprint['data_fingerprint'][:16]}")
+
+
+if __name__ == "__main__":
+    main(prog="python -m scaling.corpus_build")

@@ -413,7 +413,7 @@ def _config_from_args(args) -> DataConfig:
 def _data_options() -> argparse.ArgumentParser:
     """``DataConfig``'s fields as options (``seq_len`` -> ``--seq-len``), built from the
     dataclass: a field's description is its help, a ``Literal`` type its choices."""
-    data = argparse.ArgumentParser(add_help=False)
+    data = cli.Parser(add_help=False)
     group = data.add_argument_group("data config (an option left out keeps the default shown)")
     for name, field in DataConfig.__pydantic_fields__.items():
         literal = typing.get_origin(field.annotation) is typing.Literal
@@ -426,7 +426,7 @@ def _data_options() -> argparse.ArgumentParser:
 
 def _parser() -> argparse.ArgumentParser:
     data = _data_options()
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=cli.prog("python -m scaling.data"),
         description="Build a token cache once (cache), or inspect the data pipeline: corpus statistics, "
                     "or the hash of one training batch (to check that two machines, a restarted run or a "

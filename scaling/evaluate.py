@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 
 import numpy as np
 
@@ -202,18 +201,14 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv=None, prog: str = "python -m scaling.train eval") -> int:
     """Entry point of ``eval``: prints the loss; 2 with one line on stderr for unusable input."""
-    args = parser(prog).parse_args(argv)
-    from scaling.cpu_allocator import tune_cpu_allocator
+    return cli.run_dir_command(parser(prog), argv, _evaluate)
 
-    tune_cpu_allocator()
-    from scaling.restore import RunDirError, load_run
 
-    try:
-        run = load_run(args.run_dir, overrides=tuple(args.overrides), batch_size=args.batch_size)
-        result = evaluate_run(run, args.data, batches=args.batches, text_field=args.text_field)
-    except (RunDirError, ValueError, OSError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return 2
+def _evaluate(args) -> int:
+    from scaling.restore import load_run
+
+    run = load_run(args.run_dir, overrides=tuple(args.overrides), batch_size=args.batch_size)
+    result = evaluate_run(run, args.data, batches=args.batches, text_field=args.text_field)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import sys
 
 import numpy as np
 
@@ -182,20 +181,16 @@ def parser(prog: str):
 
 def main(argv=None, prog: str = "python -m scaling.train sample") -> int:
     """Entry point of ``sample``: prints the prompt and its continuation; 2 with one line for unusable input."""
-    args = parser(prog).parse_args(argv)
-    from scaling.cpu_allocator import tune_cpu_allocator
+    return cli.run_dir_command(parser(prog), argv, _sample)
 
-    tune_cpu_allocator()
-    from scaling.restore import RunDirError, load_run, read_config
 
-    try:
-        sampling = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.seed)
-        check_samplable(read_config(args.run_dir))  # before reading any checkpoint
-        run = load_run(args.run_dir, overrides=tuple(args.overrides))
-        new = generate(run, encode_prompt(run, args.prompt), sampling)
-    except (RunDirError, ValueError, OSError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return 2
+def _sample(args) -> int:
+    from scaling.restore import load_run, read_config
+
+    sampling = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.seed)
+    check_samplable(read_config(args.run_dir))  # before reading any checkpoint
+    run = load_run(args.run_dir, overrides=tuple(args.overrides))
+    new = generate(run, encode_prompt(run, args.prompt), sampling)
     completion = decode(run, new)
     if args.json:
         print(json.dumps({"run_dir": str(run.run_dir), "step": run.step, "prompt": args.prompt,

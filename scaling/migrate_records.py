@@ -25,14 +25,13 @@ config with seed 0, ``peak_lr`` and ``lr_rule`` the optimiser's,
 
 from __future__ import annotations
 
-import argparse
 import collections
 import concurrent.futures
 import dataclasses
 import json
 import sys
 
-from scaling import records
+from scaling import cli, records
 from scaling.storage import StorageAccessError, check_access
 
 # Version 2's required fields that version 1 left optional, each as the config gives it.
@@ -120,7 +119,7 @@ def migrate(root, *, write: bool = True) -> tuple[collections.Counter, list[str]
 
 def main(argv=None) -> int:
     """Run the command line; returns 0 when every record is current afterwards, 1 otherwise, 2 for no records."""
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog="python -m scaling.migrate_records",
         description=f"Rewrite the run records (result.json) under each DIR at schema version "
                     f"{records.SCHEMA_VERSION}, in place; records already at it are left alone.")

@@ -421,14 +421,6 @@ class Transformer(nn.Module):
 # Parameter layouts
 
 
-def init_params(config: ModelConfig, rng, batch_size: int = 1, length: int | None = None,
-                multipliers: Multipliers = Multipliers()):
-    """Unboxed float parameters of a fresh model (allocates them; use for small models)."""
-    model = Transformer(config, multipliers=multipliers)
-    tokens = jnp.zeros((batch_size, length or min(config.max_seq_len, 8)), jnp.int32)
-    return nn.unbox(jax.jit(model.init)(rng, tokens)["params"])
-
-
 def unstack_layers(params: dict, depth: int) -> dict:
     """Scanned layout (``layers`` with a leading depth axis) -> ``layers_0..layers_{L-1}``."""
     params = dict(params)

@@ -33,7 +33,7 @@ from scaling.config import ModelConfig, OptimConfig
 
 
 def _names(path) -> list[str]:
-    names = [str(getattr(entry, "key", getattr(entry, "name", entry))) for entry in path]
+    names = [jax.tree_util.keystr((entry,), simple=True) for entry in path]
     return [name for name in names if name != "value"]  # "value" is the field of a flax partitioning box
 
 

@@ -3,8 +3,9 @@
 ``build`` returns the model, the state's shardings on a mesh, and the jitted
 init / train / eval functions. The init is jitted with output shardings, so
 parameters are created already sharded and never whole on one host.
-``scaling.train`` runs these functions; ``benchmarks/`` and the TPU preflight
-(``sweeps/preflight.py``) compile exactly them ahead of time.
+``scaling.train`` runs these functions; ``benchmarks/``, tests and the TPU
+preflight (``sweeps/preflight/``) compile exactly them ahead of time, all
+through ``lower_train_step``.
 
 A run's numbers (``hyperparameters``: the seed's key, the peak learning rates,
 the schedule's lengths, weight decay) are an argument of the train step, not
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from scaling import mesh as mesh_lib, optim as optim_lib, parametrization
+from scaling import data as data_lib, mesh as mesh_lib, optim as optim_lib, parametrization
 from scaling.config import ModelConfig, OptimConfig, TrainConfig
 from scaling.loss import compute_loss, loss_and_grads
 from scaling.model import Transformer
@@ -123,6 +124,24 @@ def forget_programs() -> None:
     code that changes how a step is traced, such as a test that switches the activation constraints off,
     or that times compilation)."""
     _build.cache_clear()
+
+
+def lower_train_step(config: TrainConfig, mesh, arguments: dict | None = None) -> tuple[Program, jax.stages.Lowered]:
+    """``config``'s program on ``mesh`` and its train step lowered ahead of time: ``(program, lowered)``.
+
+    The one ahead-of-time entry point: nothing is allocated and no data is
+    read (the state, batch and hyperparameters are abstract shapes), and
+    ``mesh`` may be made of compile-only devices (a TPU slice described by
+    libtpu). ``lowered.compile()`` compiles it; ``lowered.as_text()`` is the
+    StableHLO. ``arguments`` are ``build``'s data keywords; by default those
+    the trainer passes for the config (``scaling.data.program_arguments`` at
+    the config's vocabulary), so what is lowered is the program the run trains.
+    """
+    if arguments is None:
+        arguments = data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
+    program = build(config, mesh, **arguments)
+    return program, program.train_step.lower(program.abstract_state, batch_spec(config, mesh),
+                                             program.abstract_hparams)
 
 
 # A sweep trains the runs of one shape one after another (cheapest first), so a few programs suffice.

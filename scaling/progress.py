@@ -1,16 +1,22 @@
-"""Progress display: a tqdm bar on a terminal, plain periodic lines anywhere else.
+"""Progress display: a tqdm bar on a terminal, tqdm-loggable's periodic lines anywhere else.
 
 A bar redraws itself with carriage returns and, when nested (the sweep's bar
 over each run's), cursor-movement escape codes. In a log file (every pod
-worker's, or ``... 2> log``) that is line noise, so when the stream is not a
-terminal ``bar`` returns ``LineProgress`` instead: one ordinary line every
-``interval`` seconds and one at the end, and nothing else.
+worker's, ``nohup``, ``... 2> log``, CI) that is line noise, so when the stream
+is not a terminal ``bar`` returns tqdm-loggable's bar instead: it logs one
+line every ``interval`` seconds and one when closed, which this module writes
+to stderr as plain text (``L2-d64-s0: 120/300 steps (40%), 8.1 steps/s, about
+22 s left, loss=2.31``). Its records keep tqdm-loggable's structured fields, so
+a log collector attached to its logger gets them too.
 """
 
 from __future__ import annotations
 
+import datetime
+import logging
 import sys
-import time
+
+from tqdm_loggable import tqdm_logging as loggable
 
 
 def is_terminal(stream) -> bool:
@@ -23,21 +29,87 @@ def is_terminal(stream) -> bool:
 
 def bar(*, total: int, desc: str, unit: str, file=None, initial: int = 0, leave: bool = True,
         interval: float = 30.0, shown: bool = True, clock: str = "", **tqdm_options):
-    """A progress display of ``total`` ``unit``s: tqdm on a terminal, else ``LineProgress``.
+    """A progress display of ``total`` ``unit``s: tqdm on a terminal, else tqdm-loggable's lines on stderr.
 
-    ``interval`` (seconds) spaces the plain lines; ``shown=False`` gives a
-    display that prints nothing; ``clock`` says what the plain lines' elapsed
-    time counts (e.g. "of training, compiling excluded"); ``tqdm_options`` go to tqdm only.
+    ``interval`` (seconds) spaces the lines; ``shown=False`` gives a display
+    that prints nothing, as does ``leave=False`` off a terminal (a bar shown
+    only while compiling); ``clock`` says in the last line what its elapsed
+    time counts (e.g. "of training (compiling excluded)"); ``tqdm_options`` go to tqdm.
+    Off a terminal ``file`` only decides that: the lines go to stderr, with tqdm's smoothed rate.
     """
     file = sys.stderr if file is None else file
-    if not shown:
-        return LineProgress(total=total, desc=desc, unit=unit, file=file, initial=initial, leave=False)
     if is_terminal(file):
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, file=file, initial=initial, leave=leave, **tqdm_options)
-    return LineProgress(total=total, desc=desc, unit=unit, file=file, initial=initial, leave=leave,
-                        interval=interval, clock=clock)
+        return tqdm(total=total, desc=desc, unit=unit, file=file, initial=initial, leave=leave,
+                    disable=not shown, **tqdm_options)
+    _write_lines_to_stderr()
+    return LogLines(total=total, desc=desc, unit=unit, file=file, initial=initial, leave=leave,
+                    disable=not shown, interval=interval, clock=clock, **tqdm_options)
+
+
+class LogLines(loggable.tqdm_logging):
+    """tqdm-loggable's bar with its own ``interval`` (seconds between lines; the library has one for all
+    bars, and a sweep's bar wants a line per run while a run's wants one every 30 s) and a last line
+    that says what its time counts (``clock``)."""
+
+    def __init__(self, *args, interval: float = 30.0, clock: str = "", **kwargs):
+        self.log_message_rate = datetime.timedelta(seconds=interval)
+        self.clock = clock
+        self.logged_n = None  # the count the last line showed
+        super().__init__(*args, **kwargs)
+
+    def display(self, **kwargs) -> None:
+        if not self.leave:  # a bar shown only for a while (while compiling) leaves no lines in a log
+            return
+        logged_at = self.last_log_message_at
+        super().display(**kwargs)
+        if self.last_log_message_at != logged_at:  # not held back by the interval
+            self.logged_n = self.n
+
+    def close(self) -> None:
+        if self.n == self.logged_n:  # the last line is already out (a sweep's bar logs every run)
+            self.disable = True
+        if self.clock and not self.disable:
+            self.postfix = ", ".join(filter(None, (self.postfix, f"time {self.clock}")))
+        super().close()
+
+
+def line(record: logging.LogRecord) -> str:
+    """tqdm-loggable's structured record as one plain line (times in words, ``duration``)."""
+    n, total, unit, rate = record.n, record.total, record.unit, record.rate
+    parts = [f"{n}/{total} {unit}s" + (f" ({n / total:.0%})" if total else "")]
+    if rate:
+        parts.append(f"{rate:.3g} {unit}s/s" if rate >= 1 else f"{duration(1 / rate)} per {unit}")
+    if rate and total and n < total:
+        parts.append(f"about {duration(record.remaining)} left")
+    else:
+        parts.append(f"{duration(record.elapsed)} elapsed")
+    if record.postfix and record.postfix != "-":  # tqdm-loggable's "none"
+        parts.append(record.postfix)
+    return f"{record.progress_name}: " + ", ".join(parts)
+
+
+class _LineHandler(logging.Handler):
+    """Writes tqdm-loggable's records to the current ``sys.stderr`` (looked up per line, so a redirected
+    or captured stderr gets them) as ``line`` formats them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(line(record) if getattr(record, "tqdm", False) else record.getMessage(), file=sys.stderr,
+                  flush=True)
+        except Exception:  # noqa: BLE001 - logging's rule: a display never stops the program
+            self.handleError(record)
+
+
+def _write_lines_to_stderr() -> None:
+    """Once per process: tqdm-loggable's logger writes its lines to stderr (it logs at INFO, which an
+    unconfigured logging drops), and not again through the root logger's handlers."""
+    logger = logging.getLogger(loggable.__name__)
+    if not any(isinstance(handler, _LineHandler) for handler in logger.handlers):
+        logger.addHandler(_LineHandler())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def duration(seconds: float) -> str:
@@ -62,57 +134,3 @@ def run_time(steps: int, train_seconds: float | None, wall_seconds: float | None
     rest = max(wall_seconds - train_seconds, 0.0)
     return (f"{steps} steps in {duration(train_seconds)} of training (+{duration(rest)} loading data, compiling, "
             f"final evaluation and checkpoint; {duration(wall_seconds)} wall)")
-
-
-class LineProgress:
-    """The part of tqdm's interface the trainer and launcher use, written as plain lines.
-
-    A line looks like ``L2-d64-s0: 120/300 steps (40%), 8.1 steps/s, about 22 s left, loss=2.31``,
-    the last one ``... 300/300 steps (100%), 8.1 steps/s, 300 steps in 37 s {clock}, loss=2.29``.
-    The rate, time left and time taken count from creation (``start_t``, as tqdm names it).
-    With ``leave=False`` (a bar shown only while compiling) it prints nothing.
-    """
-
-    def __init__(self, *, total: int, desc: str, unit: str, file, initial: int = 0, leave: bool = True,
-                 interval: float = 30.0, clock: str = ""):
-        self.total, self.desc, self.unit, self.file = total, desc, unit, file
-        self.n = self._start = initial
-        self.leave, self.interval, self.clock = leave, interval, clock
-        self.postfix = ""
-        self.start_t = time.monotonic()
-        self._printed_at, self._printed_n = self.start_t, initial
-        self._closed = False
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        now = time.monotonic()
-        if self.leave and now - self._printed_at >= self.interval:
-            self._print(now)
-
-    def set_postfix(self, values: dict | None = None, refresh: bool = True, **kwargs) -> None:
-        self.postfix = ", ".join(f"{key}={value}" for key, value in {**(values or {}), **kwargs}.items())
-
-    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
-        self.postfix = text
-
-    def close(self) -> None:
-        if not self._closed and self.leave and self.n != self._printed_n:
-            self._print(time.monotonic())
-        self._closed = True
-
-    def _print(self, now: float) -> None:
-        elapsed = now - self.start_t
-        done = self.n - self._start
-        parts = [f"{self.n}/{self.total} {self.unit}s" + (f" ({self.n / self.total:.0%})" if self.total else "")]
-        if done > 0 and elapsed > 0:
-            rate = done / elapsed
-            parts.append(f"{rate:.3g} {self.unit}s/s" if rate >= 1 else f"{duration(1 / rate)} per {self.unit}")
-            if self.total and self.n < self.total:
-                parts.append(f"about {duration((self.total - self.n) / rate)} left")
-            else:  # the count of this display's units: a resumed run's first ones were done before
-                parts.append(f"{done} {self.unit}{'s' if done != 1 else ''} in {duration(elapsed)}"
-                             + (f" {self.clock}" if self.clock else ""))
-        if self.postfix:
-            parts.append(self.postfix)
-        print(f"{self.desc}: " + ", ".join(parts), file=self.file, flush=True)
-        self._printed_at, self._printed_n = now, self.n

@@ -18,7 +18,8 @@ Guarantees:
   ``peak_lr``, ``planned_steps``), which version 1 left optional. A
   version-1 record is refused with one line naming the command that
   upgrades it in place, once (``python -m scaling.migrate_records DIR``).
-  Optional fields added later (``train_seconds``) keep the version: a record
+  Optional fields added later (``train_seconds``, ``mfu``, the ``estimate*``
+  fields) keep the version: a record
   without one reads as before, with the field None.
 """
 
@@ -59,7 +60,12 @@ class RunRecord:
     from the moment the train step had compiled to the last step (the
     periodic logging, evaluations and checkpoints between steps included,
     the first evaluation and the final one with its checkpoint not). Records
-    written before ``train_seconds`` existed have None. ``point_id`` is the run id of the
+    written before ``train_seconds`` existed have None. ``mfu`` is the
+    trainer's model FLOP utilisation over ``train_seconds``
+    (``scaling.flops.model_flops_utilization``); ``estimated_step_seconds`` and
+    ``estimated_mfu`` what the preflight expected of the run on the slice
+    ``estimate_source`` names (None when no preflight estimate was kept;
+    ``sweeps.estimate_store``). All four are None in records written before them. ``point_id`` is the run id of the
     same config with the seed left out: runs that share it differ only by
     seed, so the analysis may pool them. ``peak_lr`` is the config's peak
     learning rate (``lr_rule`` scales it per width: the config's
@@ -96,6 +102,10 @@ class RunRecord:
     final_eval_bits: float | None = None
     wall_seconds: float = 0.0
     train_seconds: float | None = None
+    mfu: float | None = None
+    estimated_step_seconds: float | None = None
+    estimated_mfu: float | None = None
+    estimate_source: str | None = None
     wandb_id: str | None = None
     error: str | None = None
     log_file: str | None = None
@@ -129,6 +139,13 @@ class RunRecord:
                                           and value >= 0):
                 raise ValueError(f"{name}={value!r} is invalid: allowed a number of seconds >= 0"
                                  + (" or null" if name == "train_seconds" else ""))
+        for name in ("mfu", "estimated_step_seconds", "estimated_mfu"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value!r} is invalid: allowed a finite number > 0 or null")
+        if self.estimate_source is not None and not isinstance(self.estimate_source, str):
+            raise ValueError(f"estimate_source={self.estimate_source!r} is invalid: allowed a string or null")
         if self.status == "finished":
             loss = self.final_eval_loss
             if loss is None or not math.isfinite(loss) or loss < 0:

@@ -82,13 +82,9 @@ class Tracker:
         self.mode = wandb_mode(mode)
         if self.is_main:
             self._cut_metrics(keep_until_step)
-        if self.is_main and self.mode != "disabled":
-            import wandb
-
-            self.wandb_run = _init_wandb(dict(
-                project=project, group=group or None, name=name, id=wandb_id, resume="allow",
-                config=config, mode=self.mode, dir=str(self.run_dir) if self._local else None,
-                settings=wandb.Settings(silent=True, console="off")))
+        if self.is_main:
+            self.wandb_run = open_wandb_run(self.run_dir, mode=self.mode, project=project, group=group or None,
+                                            name=name, id=wandb_id, config=config)
             self.wandb_id = self.wandb_run.id if self.wandb_run is not None else wandb_id
         self.bar = None
         self._bar_args = None
@@ -188,6 +184,20 @@ class Tracker:
             if self.wandb_run is not None:
                 run, self.wandb_run = self.wandb_run, None
                 run.finish(exit_code=exit_code)
+
+
+def open_wandb_run(directory, *, mode: str, **fields):
+    """The wandb run ``fields`` describe (``project``, ``group``, ``name``, ``id``, ``config``, ...), opened
+    as every run of this project opens one: resumed if its id exists, quiet, its files under ``directory``
+    when that is local (else wandb's default). None when ``mode`` resolves to disabled (``wandb_mode``) or
+    wandb keeps refusing the id (``_init_wandb``)."""
+    mode = wandb_mode(mode)
+    if mode == "disabled":
+        return None
+    import wandb
+
+    return _init_wandb(dict(resume="allow", mode=mode, dir=None if is_remote(directory) else str(directory),
+                            settings=wandb.Settings(silent=True, console="off"), **fields))
 
 
 def _init_wandb(kwargs: dict, attempts: int = 6, wait_seconds: float = 5.0):

@@ -67,7 +67,7 @@ import numpy as np
 from etils import epath
 
 from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, record_checks
-from scaling import records, rundir
+from scaling import hardware, records, rundir
 from scaling.background_save import BackgroundSaver
 from scaling.checkpoints import CheckpointError, Checkpoints, abandoned_writes
 from scaling.config import TrainConfig, config_id, to_dict
@@ -92,7 +92,8 @@ class AlreadyFinished(Exception):
 
 
 def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None,
-        stop: Stop | None = None, raise_if_finished: bool = False) -> records.RunRecord:
+        stop: Stop | None = None, raise_if_finished: bool = False, estimate: dict | None = None
+        ) -> records.RunRecord:
     """Train ``config`` into the run directory ``workdir`` and return its run record.
 
     ``workdir`` may be relative (to the current directory) or a URI. Resumes
@@ -101,6 +102,8 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
     ``raise_if_finished``: a launcher then knows another process trained it). ``stop`` is asked between
     steps (default: a new one, listening while the run lasts); the sweep
     launcher passes its own, so it hears a signal that arrives at any moment.
+    ``estimate``: the record's estimate fields (``estimated_step_seconds``, ``estimated_mfu``,
+    ``estimate_source``: what the preflight expected of this run, kept beside the measured ``mfu``).
     Raises ``rundir.ConfigMismatch`` if the directory holds another config's
     run, ``lease.RunBusy`` if another live process is training it,
     ``Preempted`` after SIGTERM or Ctrl-C (a checkpoint of the current step is
@@ -123,7 +126,8 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
             return finished
         resources.enter_context(stop.watching(run_lease))
         started = time.perf_counter()  # wall seconds: the whole run, loading the data included
-        outcome = resources.enter_context(Outcome(run_dir, _new_record(config, run_dir), stop).recorded())
+        outcome = resources.enter_context(
+            Outcome(run_dir, _new_record(config, run_dir).replace(**(estimate or {})), stop).recorded())
         pipeline = data.build(config.data)
         outcome.record = outcome.record.replace(data_fingerprint=pipeline.fingerprint)
         config = resolve_config(config, pipeline)
@@ -422,7 +426,8 @@ class Training:
         newest = fetched[-1]
         speed = self.window_steps * self.tokens_per_step / max(time.perf_counter() - self.window_start, 1e-9)
         self.last_loss = float(newest["loss"])
-        mfu = model_flops_utilization(config.model, self.row_length, speed, config.peak_flops, jax.device_count())
+        peak = hardware.mfu_peak_flops(config.peak_flops, config.model.compute_dtype)  # the device's, or the config's
+        mfu = model_flops_utilization(config.model, self.row_length, speed, peak, jax.device_count())
         tracker.log(done, {"loss": self.last_loss, "grad_norm": float(newest["grad_norm"]),
                            "lr": float(newest["lr"]), "tokens_per_second": speed, "mfu": mfu,
                            "tokens": done * self.tokens_per_step})
@@ -558,4 +563,14 @@ class Training:
             initial_eval_loss=self.meta["initial_eval_loss"], final_train_loss=self.last_loss, steps=steps_done,
             tokens=steps_done * self.tokens_per_step, tokens_per_step=self.tokens_per_step,
             wall_seconds=self.wall_seconds(), train_seconds=self.train_seconds(), wandb_id=tracker.wandb_id,
-            **accuracy)
+            mfu=self.measured_mfu(steps_done), **accuracy)
+
+    def measured_mfu(self, steps_done: int) -> float | None:
+        """The trainer's MFU over the whole run: its tokens over ``train_seconds`` (None before any step)."""
+        seconds = self.train_seconds()
+        if not steps_done or not seconds:
+            return None
+        config = self.parts.config
+        return model_flops_utilization(config.model, self.row_length, steps_done * self.tokens_per_step / seconds,
+                                       hardware.mfu_peak_flops(config.peak_flops, config.model.compute_dtype),
+                                       jax.device_count())

@@ -11,10 +11,9 @@ import argparse
 import importlib
 import json
 import os
-import runpy
 import sys
 
-from scaling import cli
+from scaling import cli, python_file
 from scaling.config import DataConfig, ModelConfig, TrainConfig, from_dict, override
 from scaling.storage import StorageAccessError, check_access, is_remote
 
@@ -40,17 +39,14 @@ def load_config(preset_or_file: str) -> TrainConfig:
     if path.suffix == ".json":
         return from_dict(TrainConfig, json.loads(path.read_text()))
     if path.suffix == ".py":
-        namespace = runpy.run_path(str(path))
-        if "config" not in namespace:
-            raise ValueError(f"--config {preset_or_file}: a Python config file must define config() -> TrainConfig")
-        return namespace["config"]()
+        return python_file.load(path, function="config", expected=TrainConfig, what="--config")
     raise ValueError(f"--config {preset_or_file}: expected a preset, a .json or a .py file")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's argument parser; its ``prog`` is the command as typed (``cli.prog``)."""
     prog = cli.prog("python -m scaling.train")
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=prog,
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
                     "latest checkpoint, or does nothing if the run already finished. 'eval RUN_DIR' and "

@@ -54,7 +54,6 @@ tests: they parse the tasks with SkyPilot and replace its client calls
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import json
 import re
 import shlex
@@ -119,10 +118,6 @@ class Job:
     envs: dict
     resources: dict
 
-    def work(self) -> tuple:
-        """What the job trains apart from its share: two live jobs with the same work and share are one too many."""
-        return tuple(self.envs.get(key, "") for key in ("SWEEP", "ARGS", "CACHE", "CHECK"))
-
     def launcher_commands(self, accelerator: Accelerator) -> list[str]:
         """The ``sweeps.launch run`` command(s) the task's ``run`` starts: one per host, or per GPU.
 
@@ -134,16 +129,26 @@ class Job:
         extra = (["--set", f"data.cache_dir={envs['CACHE']}"] if envs["CACHE"] else []) + shlex.split(envs["ARGS"])
         if envs["CHECK"] == "1":
             base, extra = ["python", "-m", "sweeps.launch", "hosts", "--check"], []
-        mode, share, shares = envs["MODE"], int(envs["SHARD"]), int(envs["SHARES"])
+        mode = envs["MODE"]
         if mode == "pod-wide":
             return [shlex.join(base + ["--pod-wide"] + extra)]
-        if mode == "mesh":
-            mesh = [] if envs["CHECK"] == "1" else ["--set", "mesh.data=-1"]
-            return [shlex.join(base + ["--shard", f"{share}/{shares}"] + mesh + extra)]
-        parts = accelerator.hosts if accelerator.kind == "tpu" else gpu_count(accelerator.name)
-        prefix = "" if accelerator.kind == "tpu" else "CUDA_VISIBLE_DEVICES={part} "
-        return [prefix.format(part=part) + shlex.join(base + ["--shard", f"{share * parts + part}/{shares * parts}"]
-                                                      + extra) for part in range(parts)]
+        mesh = ["--set", "mesh.data=-1"] if mode == "mesh" and envs["CHECK"] != "1" else []
+        prefix = "CUDA_VISIBLE_DEVICES={part} " if accelerator.kind == "gpu" and mode != "mesh" else ""
+        return [prefix.format(part=part) + shlex.join(base + ["--shard", f"{index}/{count}"] + mesh + extra)
+                for part, (index, count) in enumerate(self.shards(accelerator))]
+
+    def shards(self, accelerator: Accelerator) -> list[tuple[int, int]]:
+        """The ``--shard`` (index, count) of each of the job's launchers: its share split among its hosts or
+        GPUs, or the share itself for one launcher (mesh)."""
+        share, shares = int(self.envs["SHARD"]), int(self.envs["SHARES"])
+        parts = launchers_per_job(accelerator, self.envs["MODE"])
+        return [(share * parts + part, shares * parts) for part in range(parts)]
+
+
+def work(envs: dict) -> tuple:
+    """What a job with ``envs`` trains apart from its share: two live jobs with the same work and share are one
+    too many (a ``Job``'s or a recorded ``cloud_jobs.Submitted``'s envs)."""
+    return tuple(envs.get(key, "") for key in ("SWEEP", "ARGS", "CACHE", "CHECK"))
 
 
 def gpu_count(name: str) -> int:
@@ -157,7 +162,8 @@ def job_stem(sweep_name: str, prefix: str | None = None) -> str:
 
 
 def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
-    """The jobs ``sky`` submits for ``args`` (see ``add_parser``); ``CloudError`` for unusable flags.
+    """The jobs ``sky`` submits for ``args`` (its options: ``sweeps/launch_parser.py``); ``CloudError`` for
+    unusable flags.
 
     Their ``infra`` is ``--infra`` as given (else the task file's ``gcp``);
     ``cmd_sky`` then pins it to the bucket's region (``resolve_infra``).
@@ -235,11 +241,9 @@ def job_runs(job: Job, accelerator: Accelerator, runs: list) -> list:
     """The runs ``job``'s launchers train, out of ``runs`` (the sweep after ``--only``), as its ``run`` splits them."""
     if job.envs["CHECK"] == "1":
         return []
-    mode, share, shares = job.envs["MODE"], int(job.envs["SHARD"]), int(job.envs["SHARES"])
-    if mode == "pod-wide":
+    if job.envs["MODE"] == "pod-wide":
         return list(runs)
-    parts = launchers_per_job(accelerator, mode)
-    mine = {run.run_id for part in range(parts) for run in spec_lib.shard(runs, share * parts + part, shares * parts)}
+    mine = {run.run_id for index, count in job.shards(accelerator) for run in spec_lib.shard(runs, index, count)}
     return [run for run in runs if run.run_id in mine]
 
 
@@ -274,13 +278,18 @@ def resolve_infra(infra: str | None, workdir: str) -> str:
     try:
         location, kind = bucket_location(workdir)
     except Exception as error:  # noqa: BLE001 - no credentials, no network, no such bucket: one line
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CloudError(f"{example}: could not read the location of {workdir}'s bucket ({first}); restarts must "
-                         "stay in the bucket's region") from None
+        raise CloudError(f"{example}: could not read the location of {workdir}'s bucket ({first_line(error)}); "
+                         "restarts must stay in the bucket's region") from None
     if kind != "region":
         raise CloudError(f"{example}: {workdir}'s bucket is {kind or 'of unknown type'} {location}; name one "
                          "region in it, where the slices will run")
     return f"gcp/{location.lower()}"
+
+
+def first_line(error: Exception) -> str:
+    """The first line of ``error``'s message (its type's name if it has none): SkyPilot's can run to pages."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def import_sky():
@@ -329,13 +338,7 @@ def describe(job: Job, task, accelerator: Accelerator) -> str:
 
 def selected_runs(sweep, only: list[str]) -> list:
     """The sweep's runs after ``--only`` (every job applies the same filter before sharing out)."""
-    runs, _ = sweep.expand()
-    if only:
-        runs = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in only)]
-        if not runs:
-            raise CloudError(f"--only {' '.join(only)}: matches none of the sweep's run names "
-                             "(see `python -m sweeps.launch list`)")
-    return runs
+    return spec_lib.select(sweep.expand().runs, only)
 
 
 def cmd_sky(sweep, args) -> int:
@@ -360,64 +363,3 @@ def cmd_sky(sweep, args) -> int:
               f"{len(jobs)} task(s) whose share has no live job in {cloud_jobs.jobs_path(args.workdir, sweep.name)}")
         return 0
     return cloud_jobs.submit(sweep, args, accelerator, jobs, tasks, runs)
-
-
-SKY_DESCRIPTION = (
-    "Launch the sweep's shares as SkyPilot managed jobs on TPU slices or GPU nodes: --shares N gives N jobs, "
-    "each training its share (run --shard i/N) on its own slice or node. SkyPilot provisions, copies this "
-    "working tree, re-creates a preempted slice and restarts the job, which resumes from the checkpoints "
-    "in the bucket; follow the runs with the status command. --dry-run prints each job's task and submits "
-    "nothing. SkyPilot is the optional extra cloud: pip install -e \".[cloud]\".")
-
-
-def add_parser(commands) -> None:
-    """The ``sky`` subcommand of ``python -m sweeps.launch``."""
-    help_text = "launch the shares as SkyPilot managed jobs (needs .[cloud])"
-    sub = commands.add_parser("sky", help=help_text, description=SKY_DESCRIPTION)
-    sub.set_defaults(function=cmd_sky)
-    sub.add_argument("sweep_file", metavar="SWEEP_FILE",
-                     help="the sweep: a Python file defining sweep(), inside this repository")
-    sub.add_argument("--workdir", required=True,
-                     help="root of the run directories, a bucket the hosts write to, e.g. gs://my-bucket/sweeps")
-    sub.add_argument("--only", action="append", default=[], metavar="GLOB",
-                     help="only runs whose name matches this shell pattern (repeatable), passed to every job")
-    sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a base-config field, e.g. steps=100 (repeatable), passed to every job")
-    sub.add_argument("--accelerator",
-                     help="required to submit: a TPU slice (v5litepod-8, v6e-8, v4-32, ...) or a GPU node as "
-                          "SkyPilot writes it (H100:8, L4:4)")
-    sub.add_argument("--shares", type=int, default=1,
-                     help="split the sweep into this many managed jobs, one slice or node each (default 1); "
-                          "at most one launcher per run (shares × hosts or GPUs)")
-    sub.add_argument("--spot", action="store_true",
-                     help="spot capacity: a fraction of the price; SkyPilot re-creates a preempted slice")
-    sub.add_argument("--dry-run", action="store_true",
-                     help="print each job's task (region, recovery, lock file, resources, envs, run command with "
-                          "its --shard) and submit nothing")
-    sub.add_argument("--pod-wide", action="store_true",
-                     help="one job on a multi-host TPU slice whose hosts train every run together")
-    sub.add_argument("--gpu-mode", choices=("per-gpu", "mesh"), default="per-gpu",
-                     help="GPU nodes: one launcher per GPU (default) or one mesh over all of them")
-    sub.add_argument("--cache-dir", help="token cache in the bucket (built by the data command's cache "
-                                         "--cache-dir); sets data.cache_dir")
-    sub.add_argument("--infra", help="gcp/REGION the jobs run and recover in: the bucket's region (default: read "
-                                     "from the bucket; required for a multi-region bucket)")
-    sub.add_argument("--runtime-version", help="TPU VM software version (default by family, e.g. "
-                                               "v2-alpha-tpuv5-lite for v5litepod)")
-    sub.add_argument("--max-restarts", type=int, default=2,
-                     help="restarts of a job whose launcher exits with an error (default 2); preemptions and "
-                          "exit 75 are always recovered")
-    sub.add_argument("--name", help="job name prefix (default: the sweep's name)")
-    sub.add_argument("--check", action="store_true",
-                     help="first minutes on a new slice type: one job, <name>-check, that runs the hosts --check "
-                          "command on every host (as its share 0 would train) instead of the sweep; read it with "
-                          "--logs check")
-    sub.add_argument("--missing", action="store_true",
-                     help="also resubmit the shares whose recorded job ended (succeeded, failed, cancelled) with "
-                          "runs of the share unfinished in the bucket")
-    acts = sub.add_mutually_exclusive_group()
-    acts.add_argument("--status", action="store_true",
-                      help="this sweep's recorded jobs: SkyPilot's state beside the bucket's run counts per share")
-    acts.add_argument("--logs", metavar="JOB",
-                      help="one recorded job's log, by share index, job name, job id, or 'check'")
-    acts.add_argument("--cancel", action="store_true", help="cancel this sweep's live recorded jobs (by id)")

@@ -25,7 +25,7 @@ import shlex
 import time
 
 from sweeps import spec as spec_lib
-from sweeps.cloud import Accelerator, CloudError, Job, import_sky, job_runs, parse_accelerator
+from sweeps.cloud import Accelerator, CloudError, Job, first_line, import_sky, job_runs, parse_accelerator, work
 from sweeps.state import TO_TRAIN, counts_line, read_states, text_table
 
 JOBS_FILE = "jobs.json"
@@ -42,10 +42,6 @@ class Submitted:
     accelerator: str
     envs: dict
     submitted_at: float
-
-    def work(self) -> tuple:
-        """As ``Job.work``: what it trains apart from its share."""
-        return tuple(self.envs.get(key, "") for key in ("SWEEP", "ARGS", "CACHE", "CHECK"))
 
     def as_job(self) -> tuple[Accelerator, Job]:
         """The accelerator and ``cloud.Job`` it was submitted as (envs only; no task file or resources)."""
@@ -77,11 +73,6 @@ def write_jobs(path, jobs: list[Submitted]) -> None:
     write_atomic(path, json.dumps({"jobs": [dataclasses.asdict(job) for job in jobs]}, indent=2))
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def sky_records(sky, job_ids: list[int]) -> dict:
     """SkyPilot's queue entries (``ManagedJobRecord``) of ``job_ids``, by job id; absent ids are not in its queue."""
     if not job_ids:
@@ -89,7 +80,7 @@ def sky_records(sky, job_ids: list[int]) -> dict:
     try:
         records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, all_users=True, job_ids=sorted(set(job_ids))))
     except Exception as error:  # noqa: BLE001 - no API server, no controller, no credentials: one line
-        raise CloudError(f"sky.jobs.queue_v2: {_first_line(error)}") from None
+        raise CloudError(f"sky.jobs.queue_v2: {first_line(error)}") from None
     found = {}
     for record in records:  # one entry per task; the jobs here have one task each
         found.setdefault(record["job_id"], record)
@@ -136,15 +127,15 @@ def submit(sweep, args, accelerator: Accelerator, jobs: list[Job], tasks: list, 
     recorded = read_jobs(path)
     queue = sky_records(sky, [job.job_id for job in recorded])
     live = [job for job in recorded if is_live(queue.get(job.job_id))]
-    clash = [old for old in live if old.work() == jobs[0].work() and old.shares != jobs[0].count]
+    clash = [old for old in live if work(old.envs) == work(jobs[0].envs) and old.shares != jobs[0].count]
     if clash:
         raise CloudError(f"{path}: live jobs of this sweep were submitted as {clash[0].shares} shares "
                          f"({', '.join(f'{old.name} #{old.job_id}' for old in clash)}); their runs overlap "
                          f"--shares {jobs[0].count}: use --shares {clash[0].shares}, or --cancel them first")
     submitted = []
     for job, task in zip(jobs, tasks):
-        same = [old for old in recorded if old.work() == job.work() and (old.share, old.shares) == (job.index,
-                                                                                                   job.count)]
+        same = [old for old in recorded
+                if work(old.envs) == work(job.envs) and (old.share, old.shares) == (job.index, job.count)]
         if any(old in live for old in same):
             old = next(old for old in reversed(same) if old in live)
             print(f"{job.name}: skipped, managed job {old.job_id} is {status_text(queue[old.job_id])}")
@@ -167,7 +158,7 @@ def submit(sweep, args, accelerator: Accelerator, jobs: list[Job], tasks: list, 
             job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=job.name))
         except Exception as error:  # noqa: BLE001 - SkyPilot's errors are of many types; report one line
             done = f"; submitted before it: {', '.join(submitted)}" if submitted else ""
-            raise CloudError(f"sky.jobs.launch {job.name}: {_first_line(error)}{done}") from None
+            raise CloudError(f"sky.jobs.launch {job.name}: {first_line(error)}{done}") from None
         if not job_ids:
             raise CloudError(f"sky.jobs.launch {job.name}: SkyPilot returned no job id")
         recorded.append(Submitted(job.name, int(job_ids[0]), job.index, job.count, args.accelerator, job.envs,
@@ -215,7 +206,7 @@ def act(sweep, args) -> int:
         try:
             sky.get(sky.jobs.cancel(job_ids=[job.job_id for job in live]))
         except Exception as error:  # noqa: BLE001 - one line
-            raise CloudError(f"sky.jobs.cancel: {_first_line(error)}") from None
+            raise CloudError(f"sky.jobs.cancel: {first_line(error)}") from None
         print(f"cancelled {len(live)} job(s): {', '.join(f'{job.name} #{job.job_id}' for job in live)}")
         return 0
     rows, all_runs = [], {}

@@ -43,14 +43,15 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 import re
 import urllib.error
 import urllib.request
 
+from scaling import hardware, platforms
+from scaling.hardware import TPU_CHIPS_PER_HOST
+
 MODES = ("single", "host-parallel", "pod-wide")
-TPU_CHIPS_PER_HOST = 4  # every host of a multi-host v2, v3, v4, v5e, v5p or v6e slice
 TPU_COORDINATOR_PORT = 8482  # the port JAX's TPU cluster detection uses for worker 0
 METADATA_TIMEOUT_SECONDS = 5.0
 # JAX's get_metadata (jax/_src/clusters/cloud_tpu_cluster.py) asks up to 6 times, 0.5 s apart.
@@ -58,10 +59,8 @@ METADATA_TRIES, METADATA_RETRY_SECONDS = 6, 0.5
 # GKE's TPU webhook and device plugin describe the whole multi-host slice with these too (besides the
 # TPU_* ones replaced by tpu_single_host_env); libtpu would still see the slice through them.
 GKE_MULTI_HOST_VARIABLES = ("TPU_PROCESS_ADDRESSES", "HOST_BOUNDS", "CHIPS_PER_HOST_BOUNDS", "WRAP", "ALT")
-# Families whose accelerator-type suffix counts TensorCores (two per chip), not chips.
-_CORE_COUNTED = ("v2", "v3", "v4", "v5p")
-# Families whose chips form a 3-D torus: one host's 4 chips are 2x2x1, elsewhere 2x2.
-_THREE_D = ("v4", "v5p")
+# Families whose accelerator-type suffix counts TensorCores (two per chip), not chips (scaling.hardware).
+_CORE_COUNTED = tuple(family for family, grid in hardware.TPU_GRIDS.items() if grid.cores_per_chip == 2)
 
 
 class HostError(ValueError):
@@ -158,11 +157,6 @@ def read_metadata(environ, key: str, timeout: float = METADATA_TIMEOUT_SECONDS,
     return None
 
 
-def tpu_chips_attached() -> bool:
-    """True when TPU chips are attached to this machine (device nodes of v4: /dev/accel*, v5e+: /dev/vfio/N)."""
-    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
-
-
 def parse_worker_endpoints(text: str) -> tuple[str, ...]:
     """Host addresses from ``worker-network-endpoints``: plain hostnames or ``name:id:ip`` triples."""
     hosts = []
@@ -207,7 +201,7 @@ def detect_cluster(environ, *, chips_attached=None) -> Cluster:
         return Cluster("explicit", _int(environ, "JAX_PROCESS_ID"), count, (environ["JAX_COORDINATOR_ADDRESS"],))
     if int(environ.get("SLURM_NTASKS") or 1) > 1:
         return Cluster("slurm", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS"))
-    attached = tpu_chips_attached() if chips_attached is None else chips_attached
+    attached = platforms.tpu_chips() > 0 if chips_attached is None else chips_attached
     # Like JAX's GceTpuCluster: on a machine with chips, TPU_SKIP_MDS_QUERY means the topology is in the
     # environment (GKE, or a host already confined to itself). Without chips it says nothing: JAX's
     # cloud_tpu_init sets it itself on import there.
@@ -244,7 +238,8 @@ def tpu_single_host_env(cluster: Cluster) -> dict[str, str]:
            "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0"}
     one_host = one_host_accelerator_type(cluster.accelerator_type)
     if one_host:
-        three_d = one_host.rsplit("-", 1)[0] in _THREE_D
+        grid = hardware.tpu_grid(one_host.rsplit("-", 1)[0])
+        three_d = grid is not None and grid.dims == 3
         env.update(TPU_ACCELERATOR_TYPE=one_host, TPU_TOPOLOGY="2x2x1" if three_d else "2x2",
                    TPU_TOPOLOGY_WRAP="false,false,false", TPU_TOPOLOGY_ALT="false")
     return env

@@ -1,11 +1,12 @@
 """Launch, inspect and resume a sweep.
 
     python -m sweeps.launch list      SWEEP_FILE --workdir DIR [--shard I/N] [--json]
-    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--json]
+    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--device KIND]
+           [--prices FILE] [--json]
     python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
     python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--jobs N] [--remat-search]
-           [--compile-cache DIR|off] [--json]
+           [--compile-cache DIR|off] [--prices FILE] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
     python -m sweeps.launch sky       SWEEP_FILE --workdir gs://... --accelerator TYPE [--shares N] [--spot] [--dry-run]
 
@@ -16,40 +17,27 @@ base config before the grid is expanded, e.g. ``--set steps=100``, and
 Runs live in ``<workdir>/<sweep name>/<run_id>/``. A run's status comes from
 its directory: ``finished``, ``diverged`` or ``failed`` (its result.json),
 ``resumable`` (checkpoints but no result yet) or ``pending``. ``run`` trains
-pending, resumable and failed runs, cheapest first, and skips finished and
-diverged ones (a diverged run would diverge again). A failed or diverged run
-is recorded and the sweep goes on; the summary at the end gives counts, the
-results table and what the analysis can say so far. Exit status: 0, or 1 if
-a run of this share failed, or 75 (``scaling.stopping.PREEMPTED_EXIT_CODE``)
-after SIGTERM or Ctrl-C, with a checkpoint saved; rerunning the same command
-resumes. A run that another live launcher holds (its lease) is waited for,
-and taken over once the lease goes stale; with ``--when-busy exit`` the
-launcher exits 75 naming it instead (``sweeps/busy.py``). So 0 means every
-run of the share is done. A signal stops the sweep whenever it arrives: mid-run at the next
-step, at the end of a run (its final evaluation) or between runs before the
-next one starts (the launcher and its runs share one ``scaling.stopping.Stop``).
+pending, resumable and failed runs, cheapest first, in this process
+(``sweeps/run_loop.py``), and skips finished and diverged ones (a diverged
+run would diverge again). A failed or diverged run is recorded and the sweep
+goes on; the summary at the end gives counts, the results table and what the
+analysis can say so far. Exit status: 0, or 1 if a run of this share failed,
+or 75 (``scaling.stopping.PREEMPTED_EXIT_CODE``) after SIGTERM or Ctrl-C,
+with a checkpoint saved; rerunning the same command resumes. A run that
+another live launcher holds (its lease) is waited for, and taken over once
+the lease goes stale; with ``--when-busy exit`` the launcher exits 75 naming
+it instead (``sweeps/busy.py``). So 0 means every run of the share is done.
+The command line itself is built in ``sweeps/launch_parser.py``.
 
-Runs train in this process, one after another, through
-``scaling.train.run``. In-process keeps start-up cheap, lets the runs of one
-shape (seeds, learning rates) share one compiled step (``scaling.program``),
-and lets pod-wide mode start ``jax.distributed`` once for the whole sweep. The price: a hard crash
-of the process (host out of memory, a segfault) stops the sweep; rerunning
-resumes from the crashed run's last checkpoint.
-
-Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision):
+Using many hosts (``sweeps.hosts`` decides, and lists where it reads what;
+``hosts --json`` shows the decision):
 - ``--shard I/N`` trains share I of N (disjoint, balanced by rough cost).
 - Host-parallel (default on a multi-host TPU slice or a SLURM job): each host
-  takes the share given by its index (the GCE metadata server's
-  ``agent-worker-number`` of ``worker-network-endpoints`` on a Cloud TPU VM,
-  ``TPU_WORKER_ID`` of ``TPU_WORKER_HOSTNAMES`` on GKE, ``SLURM_PROCID`` of
-  ``SLURM_NTASKS``) and trains it on its own devices, without
-  ``jax.distributed``. The SkyPilot task ``tpu/sweep.sky.yaml`` also passes
-  ``--shard I/N`` explicitly, from SkyPilot's host rank.
-  On TPU the launcher first makes the host a one-host slice of its own 4
-  chips by setting the libtpu topology variables before JAX starts (listed,
-  with their sources, in ``sweeps/hosts.py``). Under SLURM with several tasks
-  per node, each task keeps its own slice of the node's ``CUDA_VISIBLE_DEVICES``.
-  (Tested with a stub metadata server; not run on hardware.)
+  trains the share given by its index in the job on its own devices, without
+  ``jax.distributed``: on TPU as a one-host slice of its own 4 chips, under
+  SLURM with its own slice of the node's GPUs. The SkyPilot task
+  ``tpu/sweep.sky.yaml`` passes ``--shard I/N`` explicitly, from SkyPilot's
+  host rank. (Tested with a stub metadata server; not run on hardware.)
 - ``--pod-wide``: ``jax.distributed`` spans every host (always initialised on
   TPU, coordinator on worker 0) and all hosts train every run together, in
   the order process 0 decides; only process 0 prints. SIGTERM on any host
@@ -59,35 +47,26 @@ Using many hosts (``sweeps.hosts`` decides; ``hosts --json`` shows the decision)
 
 from __future__ import annotations
 
-import argparse
 import collections
-import contextlib
-import fnmatch
 import json
 import os
-import re
 import sys
 
-from scaling import cli
-from scaling.cli import fmt
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
 from sweeps import cloud, hosts
 from sweeps import spec as spec_lib
+from sweeps.launch_parser import build_parser
 from sweeps.spec import RunSpec, Sweep
-from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_state, read_states,
-                          run_table, skipped_lines, summary, text_table, unreadable_lines)
-
-# Assumed utilisation for time estimates when no run of the sweep has finished yet.
-GUESSED_UTILISATION = 0.3
-
+from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_states, run_table,
+                          skipped_lines, summary, text_table, unreadable_lines)
 
 class LauncherError(ValueError):
     """Bad input to the launcher; printed as one line, exit status 2."""
 
 
 # ---------------------------------------------------------------------------
-# Commands
+# This process's runs
 
 
 def _my_share(args, allow_env: bool) -> tuple[int, int] | None:
@@ -105,11 +84,7 @@ def _my_runs(runs: list[RunSpec], share, args) -> tuple[list[RunSpec], str]:
     applies the same filter and the shares stay disjoint.
     """
     total = len(runs)
-    if getattr(args, "only", None):
-        runs = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in args.only)]
-        if not runs:
-            raise LauncherError(f"--only {' '.join(args.only)}: matches none of the {total} run names "
-                                "(see `python -m sweeps.launch list`)")
+    runs = spec_lib.select(runs, getattr(args, "only", None))
     selected = f"{len(runs)} of {total} runs (--only)" if len(runs) != total else f"{total} runs"
     if share is None:
         return runs, selected if len(runs) != total else f"all {total} runs"
@@ -118,10 +93,19 @@ def _my_runs(runs: list[RunSpec], share, args) -> tuple[list[RunSpec], str]:
     return mine, f"share {share[0]}/{share[1]} ({source}): {len(mine)} of {selected}"
 
 
-def cmd_list(sweep: Sweep, args) -> int:
+def _read_share(sweep: Sweep, args, allow_env: bool):
+    """(all runs, skipped budgets, which share, the states of this process's runs) for list, status, dry-run."""
     runs, skipped = sweep.expand()
-    mine, which = _my_runs(runs, _my_share(args, allow_env=False), args)
-    states = read_states(mine, args.workdir)
+    mine, which = _my_runs(runs, _my_share(args, allow_env), args)
+    return runs, skipped, which, read_states(mine, args.workdir)
+
+
+# ---------------------------------------------------------------------------
+# Reading commands: list, dry-run, status
+
+
+def cmd_list(sweep: Sweep, args) -> int:
+    runs, skipped, which, states = _read_share(sweep, args, allow_env=False)
     if args.json:
         print(json.dumps({"sweep": sweep.name, "runs": [s.to_dict() for s in states],
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
@@ -141,61 +125,52 @@ def _throughput(states: list[RunState]) -> float | None:
     return sum(s.spec.flops for s in done) / seconds if seconds > 0 else None
 
 
+DRY_RUN_ACTIONS = {"pending": "train", "failed": "retry", "diverged": "skip (diverged)", "finished": "skip",
+                   "unreadable": "train again (record unreadable)"}
+
+
+def _action(state: RunState) -> str:
+    return DRY_RUN_ACTIONS.get(state.status, f"resume from step {state.checkpoint_step}")
+
+
 def cmd_dry_run(sweep: Sweep, args) -> int:
-    runs, skipped = sweep.expand()
-    mine, which = _my_runs(runs, _my_share(args, allow_env=True), args)
-    states = read_states(mine, args.workdir)
-    actions = {"pending": "train", "failed": "retry", "diverged": "skip (diverged)", "finished": "skip",
-               "unreadable": "train again (record unreadable)"}
+    from sweeps import sweep_cost
+    from sweeps.preflight import compile_cache, estimate_store, prices
+
+    runs, skipped, which, states = _read_share(sweep, args, allow_env=True)
     todo = [s for s in states if s.status in TO_TRAIN]
-    flops = sum(s.spec.flops for s in todo)
-    measured = _throughput(read_states(runs, args.workdir))
-    base = sweep.base
-    # The slow end of the range is the estimate; the sweep's own expected MFU gives a fast end too.
-    fast = None
-    if measured:
-        speed, how = measured, ("the speed this sweep's finished runs reached in wall time (compiling and "
-                                "evaluation included)")
-    elif sweep.expected_mfu:
-        low, high = sweep.expected_mfu
-        speed, fast = low * base.peak_flops, high * base.peak_flops
-        how = (f"{high:.0%}–{low:.0%} model FLOP utilisation of peak_flops={base.peak_flops:.3g} FLOP/s "
-               "(the sweep's expected_mfu); compilation and evaluation add to this")
-    else:
-        speed, how = (GUESSED_UTILISATION * base.peak_flops,
-                      f"{GUESSED_UTILISATION:.0%} of peak_flops={base.peak_flops:.3g} FLOP/s, a guess; compilation "
-                      "and evaluation add to this")
+    flops, tokens = sum(s.spec.flops for s in todo), sum(s.spec.tokens for s in todo)
+    estimates = estimate_store.latest_for(compile_cache.default_directory(None), [s.spec for s in todo])
+    plan = sweep_cost.plan([s.spec for s in todo], sweep, _throughput(read_states(runs, args.workdir)), estimates,
+                           sweep_cost.canonical_device(getattr(args, "device", None)),
+                           prices.load_prices(getattr(args, "prices", None)))
+    fast, slow = plan.device_hours
     if args.json:
-        rows = [{**s.to_dict(), "action": actions.get(s.status, f"resume from step {s.checkpoint_step}"),
-                 "flops": s.spec.flops} for s in states]
-        extra = {"device_hours_range": [flops / fast / 3600, flops / speed / 3600]} if fast else {}
+        rows = [{**s.to_dict(), "action": _action(s), "flops": s.spec.flops} for s in states]
+        extra = {"device_hours_range": [fast, slow]} if plan.is_range else {}
         print(json.dumps({"sweep": sweep.name, "share": which, "runs": rows, "to_train": len(todo),
-                          "tokens": sum(s.spec.tokens for s in todo), "flops": flops,
-                          "device_hours": flops / speed / 3600, "speed_flops_per_second": speed, **extra,
+                          "tokens": tokens, "flops": flops, "device_hours": slow,
+                          "speed_flops_per_second": flops / slow / 3600 if slow else None, **extra,
+                          "device": plan.device, "preflight_runs": plan.preflight_runs, "cost": plan.cost,
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"dry run of sweep {sweep.name}: {which}")
     header = ["name", "L", "d", "N (12·L·d²)", "seed", "status", "action", "tokens", "FLOPs"]
-    rows = [[s.spec.name, s.spec.depth, s.spec.width, f"{s.spec.params:.3g}", s.spec.seed, s.status,
-             actions.get(s.status, f"resume from step {s.checkpoint_step}"), f"{s.spec.tokens:.3g}",
-             f"{s.spec.flops:.2g}"] for s in states]
-    print(text_table(header, rows))
+    print(text_table(header, [[s.spec.name, s.spec.depth, s.spec.width, f"{s.spec.params:.3g}", s.spec.seed,
+                               s.status, _action(s), f"{s.spec.tokens:.3g}", f"{s.spec.flops:.2g}"] for s in states]))
     tally = collections.Counter(s.status for s in states)
     print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
           f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
-    duration = (f"{flops / speed / 3600:.3g} device-hours" if not fast else
-                f"{flops / fast / 60:.0f}–{flops / speed / 60:.0f} device-minutes")
-    print(f"cost: {sum(s.spec.tokens for s in todo):.3g} training tokens, ≈{flops:.2g} FLOPs "
-          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {duration} at {how}")
+    print(f"cost: {tokens:.3g} training tokens, ≈{flops:.2g} FLOPs "
+          f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {plan.duration()} at {plan.how}")
+    print(plan.price_line)
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
 
 
 def cmd_status(sweep: Sweep, args) -> int:
-    runs, skipped = sweep.expand()
-    mine, which = _my_runs(runs, _my_share(args, allow_env=False), args)
-    states = read_states(mine, args.workdir)
+    _, skipped, which, states = _read_share(sweep, args, allow_env=False)
     if args.json:
         print(status_json(sweep, states, skipped, which, args.workdir))
         return 0
@@ -212,152 +187,122 @@ def status_json(sweep: Sweep, states: list[RunState], skipped, which: str, workd
                        "skipped": [s._asdict() for s in skipped]}, indent=2)
 
 
+# ---------------------------------------------------------------------------
+# run: train this process's share
+
+
+def cmd_run(sweep: Sweep, args) -> int:
+    """Train this process's share, cheapest run first (``sweeps/run_loop.py``), then print the summary."""
+    runs, skipped = sweep.expand()
+    share = _start_processes(args)
+    mine, which = _my_runs(runs, share, args)
+    import jax
+    from etils import epath
+    from tqdm.auto import tqdm
+
+    from sweeps.run_loop import PREEMPTED_EXIT_CODE, RunLoop
+
+    main_process = jax.process_index() == 0
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
+    say = (lambda text: tqdm.write(text, file=out)) if main_process else (lambda *_: None)
+    writes_sweep = main_process and (args.pod_wide or share is None or share[0] == 0)  # one writer per sweep
+    if writes_sweep:
+        _write_sweep_json(sweep, args.workdir)
+    todo = _runs_to_train(sweep, runs, skipped, mine, which, args.workdir, say)
+    loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy,
+                   train_arguments=preflight_estimates())  # each run's record keeps the preflight's estimate
+    code = loop.train([state.spec for state in todo], desc=f"sweep {sweep.name}")
+    if code is not None:
+        return code
+    all_states = read_states(runs, args.workdir)
+    if main_process:
+        print(status_json(sweep, all_states, skipped, f"all {len(runs)} runs", args.workdir) if args.json
+              else summary(sweep, all_states, args.workdir), flush=True)
+        if loop.busy:
+            say(busy_lib.exit_message([run.name for run in loop.busy]))
+        # Only when this launch had runs to train: a no-op rerun of a finished sweep would otherwise add
+        # another (offline) wandb run holding the same table each time.
+        if todo and writes_sweep:
+            _log_sweep_to_wandb(sweep, all_states, epath.Path(args.workdir) / sweep.name)
+    mine_ids = {run.run_id for run in mine}
+    if loop.failed or any(s.status == "failed" for s in all_states if s.spec.run_id in mine_ids):
+        return 1
+    return PREEMPTED_EXIT_CODE if loop.busy else 0  # busy: held elsewhere with --when-busy exit; retry later
+
+
+def _start_processes(args) -> tuple[int, int] | None:
+    """Set this host up as ``sweeps.hosts`` decides, before JAX starts its backend; this process's share."""
+    plan = hosts.decide(os.environ, pod_wide=args.pod_wide, shard=args.shard)
+    hosts.apply(plan)  # before JAX starts its backend
+    hosts.initialize(plan)
+    from scaling.cpu_allocator import tune_cpu_allocator
+
+    tune_cpu_allocator()  # before JAX starts its CPU backend
+    return plan.shard if plan.mode == "host-parallel" else None
+
+
+def _write_sweep_json(sweep: Sweep, workdir) -> None:
+    """``<workdir>/<sweep name>/sweep.json``: the sweep's description, beside its runs."""
+    from etils import epath
+
+    sweep_dir = epath.Path(workdir) / sweep.name
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(sweep_dir / "sweep.json", json.dumps(sweep.to_dict(), indent=2, sort_keys=True))
+    except OSError as error:
+        raise LauncherError(f"cannot write to the sweep directory {sweep_dir}: {error}") from None
+
+
+def _runs_to_train(sweep: Sweep, runs, skipped, mine: list[RunSpec], which: str, workdir, say) -> list[RunState]:
+    """This process's runs to train, cheapest first (process 0's list on every process); says how many."""
+    import jax
+
+    states = read_states(mine, workdir)
+    todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
+    if jax.process_count() > 1:  # hosts may read the work directory differently; process 0's reading counts
+        todo = agree_on_runs(sweep, states, todo)
+    say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {counts_line(states)}")
+    for line in skipped_lines(skipped) + foreign_note(sweep, runs, workdir):
+        say(line)
+    for state in states:
+        if state.status == "unreadable":
+            say(f"{state.spec.name}: {state.record['error']}; it will be trained again")
+    return todo
+
+
 def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None:
     """One wandb run of job_type "sweep" in the sweep's group: the sweep config and the results table.
 
     Opened only after the training runs are done, because wandb keeps one
     active run per process and the trainer's runs come first.
     """
-    from scaling.track import wandb_mode
+    from scaling.track import open_wandb_run
 
-    mode = wandb_mode(sweep.base.wandb_mode)
-    if mode == "disabled":
+    run = open_wandb_run(sweep_dir, mode=sweep.base.wandb_mode, project=sweep.base.wandb_project, group=sweep.name,
+                         job_type="sweep", name=f"{sweep.name}-sweep", id=f"sweep-{sweep.digest()}",
+                         config=sweep.to_dict())
+    if run is None:
         return
     import wandb
 
-    local = not is_remote(sweep_dir)
-    run = wandb.init(project=sweep.base.wandb_project, group=sweep.name, job_type="sweep", name=f"{sweep.name}-sweep",
-                     id=f"sweep-{sweep.digest()}", resume="allow", config=sweep.to_dict(), mode=mode,
-                     dir=str(sweep_dir) if local else None, settings=wandb.Settings(silent=True, console="off"))
     columns = ["name", "run_id", "depth", "width", "params", "seed", "peak_lr", "status", "final_eval_loss"]
     table = wandb.Table(columns=columns, data=[[s.to_dict()[c] for c in columns] for s in states])
     run.log({"runs": table, **{f"runs_{status}": n for status, n in counts(states).items()}})
     run.finish()
 
 
-def cmd_run(sweep: Sweep, args) -> int:
-    runs, skipped = sweep.expand()
-    plan = hosts.decide(os.environ, pod_wide=args.pod_wide, shard=args.shard)
-    hosts.apply(plan)  # before JAX starts its backend
-    hosts.initialize(plan)
-    share = plan.shard if plan.mode == "host-parallel" else None
-    mine, which = _my_runs(runs, share, args)
+def preflight_estimates():
+    """``estimate_of(run)``: ``train.run``'s ``estimate`` argument (the record fields of the newest preflight
+    estimate kept for ``run``, ``sweeps.preflight.estimate_store``), or no argument where there is none."""
+    from sweeps.preflight import compile_cache, estimate_store
 
-    from scaling.cpu_allocator import tune_cpu_allocator
+    directory = compile_cache.default_directory(None)
 
-    tune_cpu_allocator()  # before JAX starts its CPU backend
-    import jax
-    from etils import epath
-    from tqdm.auto import tqdm
+    def estimate_of(run) -> dict:
+        fields = estimate_store.record_fields(estimate_store.latest(directory, run.run_id))
+        return {"estimate": fields} if fields else {}
 
-    from scaling import checkpoints, lease, progress, rundir, train
-    from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
-
-    main_process = jax.process_index() == 0
-    out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the final JSON
-    say = (lambda text: tqdm.write(text, file=out)) if main_process else (lambda *_: None)
-    first_share = share is None or share[0] == 0
-    sweep_dir = epath.Path(args.workdir) / sweep.name
-    if main_process and (args.pod_wide or first_share):
-        try:
-            sweep_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(sweep_dir / "sweep.json", json.dumps(sweep.to_dict(), indent=2, sort_keys=True))
-        except OSError as error:
-            raise LauncherError(f"cannot write to the sweep directory {sweep_dir}: {error}") from None
-
-    states = read_states(mine, args.workdir)
-    todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
-    if jax.process_count() > 1:  # hosts may read the work directory differently; process 0's reading counts
-        todo = agree_on_runs(sweep, states, todo)
-    say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {counts_line(states)}")
-    for line in skipped_lines(skipped) + foreign_note(sweep, runs, args.workdir):
-        say(line)
-    for state in states:
-        if state.status == "unreadable":
-            say(f"{state.spec.name}: {state.record['error']}; it will be trained again")
-
-    # One Stop for the whole sweep, handed to every run: a signal that arrives while a run finishes
-    # (its final evaluation, its record) or between runs still stops the sweep before the next run.
-    stop = Stop()
-    show_progress = main_process and not args.no_progress
-    # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
-    bar = progress.bar(total=len(todo), desc=f"sweep {sweep.name}", unit="run", interval=0, dynamic_ncols=True,
-                       file=sys.stderr, shown=show_progress)
-    busy, not_trained = [], []  # not_trained: failed before the trainer could write a record
-    # busy: held by another live launcher. Waited for (sweeps/busy.py) unless --when-busy exit, so this
-    # launcher never exits 0 while runs of its share are unfinished.
-    queue, announced, when_busy = [s.spec for s in todo], set(), getattr(args, "when_busy", "wait")
-    with stop.listening(), contextlib.closing(bar):
-        while queue:
-            busy = []
-            for run in queue:
-                run_dir, held = run.run_dir(args.workdir), False
-                # Finished by another launcher since we looked? (Pod-wide, process 0's list is what counts.)
-                if jax.process_count() == 1 and read_state(run, args.workdir).status == "finished":
-                    say(f"{run.name}: already finished by another launcher")
-                    bar.update(1)
-                    continue
-                try:
-                    result = train.run(run.config, run_dir, show_progress=show_progress, stop=stop,
-                                       raise_if_finished=True)
-                except train.AlreadyFinished:  # finished by another launcher after the check above
-                    say(f"{run.name}: already finished by another launcher")
-                except Preempted as stopped:
-                    say(f"{run.name}: {stopped}; rerun the same command to resume")
-                    return PREEMPTED_EXIT_CODE
-                except (lease.RunBusy, LeaseLost) as error:
-                    busy.append(run)
-                    held = True
-                    if run.run_id not in announced:  # once, not at every poll
-                        announced.add(run.run_id)
-                        what = "skipped, another launcher holds it" if isinstance(error, lease.RunBusy) else "stopped"
-                        say(f"{run.name}: {what}: {error}")
-                except rundir.ConfigMismatch as error:
-                    not_trained.append(run.name)
-                    say(f"{run.name}: not trained: {error}")
-                except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
-                    not_trained.append(run.name)
-                    if checkpoints.abandoned_writes():  # storage stopped answering: the other runs would hang too
-                        say(f"{run.name}: failed: {rundir.one_line(error)}; stopping the sweep")
-                        return 1
-                    log = run_dir / "error.log"
-                    where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
-                    say(f"{run.name}: failed: {rundir.one_line(error)} ({where})")
-                else:
-                    say(f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
-                        + progress.run_time(result.steps, result.train_seconds, result.wall_seconds))
-                if not held:
-                    bar.update(1)
-                if stop.any_process():  # all stop together, or the others would wait in the next run
-                    say(f"stopping after {run.name}: {stop.signal or 'SIGTERM'} received; rerun the same command "
-                        "to resume")
-                    return PREEMPTED_EXIT_CODE
-            queue = []
-            if busy and when_busy == "wait":
-                say(f"waiting for {len(busy)} run(s) held by another launcher: " + "; ".join(
-                    f"{run.name} by {busy_lib.holder_text(run, args.workdir)}" for run in busy))
-                done, queue = busy_lib.wait_once(busy, args.workdir, stop, say)
-                bar.update(len(done))
-                busy = []
-                if stop.requested:
-                    say(f"stopped while waiting: {stop.signal} received; rerun the same command to resume")
-                    return PREEMPTED_EXIT_CODE
-
-    all_states = read_states(runs, args.workdir)
-    mine_now = [s for s in all_states if s.spec.run_id in {r.run_id for r in mine}]
-    if main_process:
-        text = status_json(sweep, all_states, skipped, f"all {len(runs)} runs", args.workdir) if args.json else summary(
-            sweep, all_states, args.workdir)
-        print(text, flush=True)
-        if busy:
-            say(busy_lib.exit_message([run.name for run in busy]))
-        # Only when this launch had runs to train: a no-op rerun of a finished sweep would otherwise add
-        # another (offline) wandb run holding the same table each time.
-        if todo and (args.pod_wide or first_share):
-            _log_sweep_to_wandb(sweep, all_states, sweep_dir)
-    if not_trained or any(s.status == "failed" for s in mine_now):
-        return 1
-    return PREEMPTED_EXIT_CODE if busy else 0  # busy: held elsewhere with --when-busy exit; retry later
+    return estimate_of
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
@@ -415,114 +360,7 @@ def cmd_preflight(sweep: Sweep, args) -> int:
         args.jobs = preflight.default_jobs()
     elif args.jobs < 1:
         raise LauncherError(f"--jobs {args.jobs}: allowed an integer >= 1")
-    return preflight.main(sweep, args, runs=mine)
-
-
-# ---------------------------------------------------------------------------
-# Command line
-
-
-def _shard_arg(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
-    if not match or not int(match.group(1)) < int(match.group(2)):
-        raise argparse.ArgumentTypeError(f"--shard wants I/N with 0 <= I < N, e.g. 0/4; got {text!r}")
-    return int(match.group(1)), int(match.group(2))
-
-
-COMMANDS = {  # one line each in --help
-    "list": (cmd_list, "table of the sweep's runs: name, L, d, N = 12·L·d², seed, status"),
-    "dry-run": (cmd_dry_run, "what run would do: runs to train, resume or skip; the cost"),
-    "run": (cmd_run, "train the pending runs (resume interrupted ones), then summarise"),
-    "status": (cmd_status, "counts per status, results table and the analysis so far"),
-    "preflight": (cmd_preflight, "compile every run for a TPU slice ahead of time (no TPU needed)"),
-}
-
-
-# The commands that read or write the work directory here (preflight does not; sky's is read by the cluster).
-STORAGE_COMMANDS = ("list", "dry-run", "run", "status")
-
-HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP overrides its address), "
-                "TPU_WORKER_HOSTNAMES/TPU_WORKER_ID on GKE, SLURM_* under SLURM, and "
-                "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID otherwise; see sweeps/hosts.py.")
-
-
-# --help is for a user at a terminal: short and plain (the module docstring is for readers of the code).
-DESCRIPTION = ("Launch, inspect and resume a sweep: the training runs a sweep file describes, each in "
-               "WORKDIR/<sweep name>/<run id>/. Rerunning a command resumes it: finished runs are skipped, "
-               "interrupted ones go on from their last checkpoint.")
-EPILOG = ("Each sweep command also takes --workdir DIR (local or gs://), --set KEY=VALUE (change the base "
-          "config, e.g. steps=100), --only GLOB (runs by name) and --shard I/N (share I of N).\n"
-          "Exit status: 0; 1 if a run failed; 2 for bad input; 75 after Ctrl-C or SIGTERM (a checkpoint is "
-          "saved: rerun the same command to resume).\n"
-          "Example: {prog} run sweeps/configs/smoke.py --workdir runs   (then: {prog} COMMAND --help)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m sweeps.launch`` argument parser (imports nothing heavy: no JAX)."""
-    prog = cli.prog("python -m sweeps.launch")
-    parser = cli.Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG.format(prog=prog),
-                        formatter_class=cli.ParagraphHelpFormatter)
-    common = cli.Parser(add_help=False)
-    common.add_argument("sweep_file", metavar="SWEEP_FILE",
-                        help="the sweep: a Python file defining sweep(), e.g. sweeps/configs/smoke.py")
-    common.add_argument("--workdir", default="runs",
-                        help="root of the run directories, local or gs:// (default: runs); runs go to "
-                             "WORKDIR/<sweep name>/<run id>/")
-    common.add_argument("--shard", type=_shard_arg, metavar="I/N",
-                        help="only share I of N of the runs (disjoint, balanced by cost), e.g. 0/4")
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    common.add_argument("--only", action="append", default=[], metavar="GLOB",
-                        help="only runs whose name matches this shell pattern, e.g. 'L6-*-s0' (repeatable: "
-                             "any pattern may match); applied before --shard")
-    common.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a base-config field before expansion, e.g. steps=100 (repeatable)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (function, help_text) in COMMANDS.items():
-        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
-        sub.set_defaults(function=function)
-        if name == "run":
-            sub.add_argument("--no-progress", action="store_true",
-                             help="no progress display (a terminal otherwise shows bars, a log file a line "
-                                  "every 30 s per run and one per finished run)")
-        if name == "run":
-            sub.add_argument("--when-busy", choices=busy_lib.WHEN_BUSY, default="wait",
-                             help="a run of the share that another live launcher holds: wait for it to finish "
-                                  "(taking it over if its lease goes stale; default), or exit 75 naming it so "
-                                  "that the job is retried later; never exit 0 while it is unfinished")
-        if name in ("run", "dry-run"):
-            sub.add_argument("--pod-wide", action="store_true",
-                             help="all hosts train every run together (jax.distributed); default on a "
-                                  "multi-host slice or SLURM job: each host trains its own share")
-        if name == "preflight":
-            sub.add_argument("--topology", required=True,
-                             help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
-                                  "multi-host slice each run is checked on one host's 2x2 chips, as run "
-                                  "trains it by default")
-            sub.add_argument("--pod-wide", action="store_true",
-                             help="check each run on the whole slice, as run --pod-wide trains it")
-            sub.add_argument("--jobs", type=int, default=None, metavar="N",
-                             help="compile the distinct programs in N processes (default: as memory and cores "
-                                  "allow, at most 4)")
-            sub.add_argument("--remat-search", action="store_true",
-                             help="for each run that fits, also compile the cheaper remat policies (none < dots "
-                                  "< full) and report the cheapest that fits (up to 2 more compiles a run)")
-            sub.add_argument("--compile-cache", default=None, metavar="DIR",
-                             help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
-                                  "only programs that changed; 'off' compiles everything (default: "
-                                  "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
-    hosts_help = "where this process runs: mode, share, hosts, TPU/GPU variables"
-    sub = commands.add_parser("hosts", help=hosts_help,
-                              description=hosts_help + " (JAX not started). " + HOSTS_EPILOG)
-    sub.set_defaults(function=cmd_hosts)
-    sub.add_argument("--pod-wide", action="store_true", help="decide for pod-wide mode (all hosts train every run)")
-    sub.add_argument("--shard", type=_shard_arg, metavar="I/N", help="an explicit share, as given to run")
-    sub.add_argument("--json", action="store_true",
-                     help='print {"mode", "shard": [i, n], "env", "distributed", "cluster"} as JSON')
-    sub.add_argument("--check", action="store_true",
-                     help="also start JAX as run would and print device_count, process_count and the share; "
-                          "exit 1 if they contradict the mode (run it on every worker before the sweep)")
-    cloud.add_parser(commands)
-    return parser
+    return preflight.main(args, mine, deal=spec_lib.shard)
 
 
 def _resolve_workdir(text: str) -> str:
@@ -535,18 +373,25 @@ def _resolve_workdir(text: str) -> str:
     return path
 
 
+# The sweep commands; those that read or write the work directory here come first (preflight does not; sky's is
+# read by the cluster).
+COMMANDS = {"list": cmd_list, "dry-run": cmd_dry_run, "run": cmd_run, "status": cmd_status,
+            "preflight": cmd_preflight, "sky": cloud.cmd_sky}
+STORAGE_COMMANDS = ("list", "dry-run", "run", "status")
+
+
 def main(argv=None) -> int:
     """Run the CLI; returns the exit status (2 for unusable input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "hosts":
-            return args.function(args)
+            return cmd_hosts(args)
         args.workdir = _resolve_workdir(args.workdir)
         if args.command in STORAGE_COMMANDS:
             check_access(args.workdir)
         sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
-        code = args.function(sweep, args)
+        code = COMMANDS[args.command](sweep, args)
         if "scaling.checkpoints" in sys.modules:  # a run trained here: never wait on an abandoned write
             return sys.modules["scaling.checkpoints"].exit_now_if_abandoned(code)
         return code

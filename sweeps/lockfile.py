@@ -105,11 +105,15 @@ def problems(pins: dict[str, str], reqs: list[str]) -> list[str]:
     return found
 
 
+def key_pins(pins: dict[str, str]) -> str:
+    """The versions of ``KEY_PACKAGES`` among ``pins``, as ``jax==0.10.0, ...``."""
+    return ", ".join(f"{name}=={pins[name]}" for name in KEY_PACKAGES if name in pins)
+
+
 def summary(path: Path = LOCK_FILE) -> str:
     """One line for ``--dry-run``: the file and the versions of ``KEY_PACKAGES``."""
     pins = read_pins(path)
-    shown = ", ".join(f"{name}=={pins[name]}" for name in KEY_PACKAGES if name in pins)
-    return f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path} ({len(pins)} pins: {shown})"
+    return f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path} ({len(pins)} pins: {key_pins(pins)})"
 
 
 def main(argv=None) -> int:
@@ -128,7 +132,7 @@ def main(argv=None) -> int:
         return 1 if found else 0
     pins = resolve(reqs)
     args.output.write_text(render(pins))
-    print(f"wrote {args.output}: {len(pins)} packages ({', '.join(f'{n}=={pins[n]}' for n in KEY_PACKAGES if n in pins)})")
+    print(f"wrote {args.output}: {len(pins)} packages ({key_pins(pins)})")
     return 0
 
 

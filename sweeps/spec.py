@@ -28,17 +28,16 @@ its JAX is confined to its own devices, is decided in ``sweeps.hosts``.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import math
-import pathlib
 import re
-import runpy
 from typing import NamedTuple
 
 import numpy as np
 
-from scaling import budget
+from scaling import budget, python_file
 from scaling.config import TrainConfig, config_id, override, to_dict
 from scaling.flops import training_flops_per_token
 
@@ -47,8 +46,7 @@ _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 GRID_FIELDS = ("model.depth", "model.width", "seed", "name", "sweep_name")
 
 
-class SweepFileError(ValueError):
-    """A sweep file that cannot be loaded; the message is one line naming the file."""
+SweepFileError = python_file.PythonFileError  # a sweep file that cannot be loaded: one line naming it
 
 
 def lr_tag(lr: float) -> str:
@@ -61,8 +59,7 @@ def training_flops(config: TrainConfig) -> float:
     backward, unembedding and attention included) times the tokens of all steps.
     Evaluation and compilation are not counted.
     """
-    seq_len = config.data.seq_len
-    return training_flops_per_token(config.model, seq_len).total * config.steps * config.batch_size * seq_len
+    return training_flops_per_token(config.model, config.data.seq_len).total * config.steps * config.tokens_per_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +94,8 @@ class RunSpec:
 
     @property
     def tokens(self) -> int:
-        """Training tokens: steps × batch (sequences) × sequence length."""
-        return self.config.steps * self.config.batch_size * self.config.data.seq_len
+        """Training tokens: steps × tokens per step."""
+        return self.config.steps * self.config.tokens_per_step
 
     @property
     def flops(self) -> float:
@@ -177,6 +174,10 @@ def _positive_floats(values, field: str) -> tuple[float, ...]:
     return values
 
 
+def _listed(grid: tuple | dict) -> list | dict:  # as JSON: a list, or a dict depth (a string) -> list
+    return {str(k): list(v) for k, v in grid.items()} if isinstance(grid, dict) else list(grid)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sweep:
     """A grid of training runs sharing one base config.
@@ -232,10 +233,7 @@ class Sweep:
         if bool(self.budgets) == bool(self.widths):
             raise ValueError("give exactly one of budgets (parameters; widths solved per depth) "
                              "or widths (dict depth -> widths)")
-        if isinstance(self.budgets, dict):
-            set_("budgets", self._per_depth(self.budgets, "budgets", _positive_floats))
-        elif self.budgets:
-            set_("budgets", _positive_floats(self.budgets, "budgets"))
+        set_("budgets", self._grid(self.budgets, "budgets", _positive_floats))
         if self.widths:
             set_("widths", self._per_depth(self.widths, "widths", _ints))
             if min(min(w) for w in self.widths.values()) < 1:
@@ -243,10 +241,7 @@ class Sweep:
         set_("seeds", _ints(self.seeds, "seeds"))
         if min(self.seeds) < 0:
             raise ValueError(f"seeds={self.seeds!r} is invalid: allowed integers >= 0")
-        if isinstance(self.lr_grid, dict):
-            set_("lr_grid", self._per_depth(self.lr_grid, "lr_grid", _positive_floats))
-        else:
-            set_("lr_grid", _positive_floats(self.lr_grid, "lr_grid") if self.lr_grid else ())
+        set_("lr_grid", self._grid(self.lr_grid, "lr_grid", _positive_floats))
         if self.peak_lr_by_depth:
             if self.lr_grid:
                 raise ValueError("give at most one of lr_grid (every rate for every shape) and peak_lr_by_depth")
@@ -273,6 +268,12 @@ class Sweep:
                                  "0 < low <= high <= 1")
             set_("expected_mfu", (float(mfu[0]), float(mfu[1])))
         self.expand()  # every run's config validates now, not when it is reached
+
+    def _grid(self, values, field: str, parse) -> tuple | dict:
+        """``values`` parsed: one sequence for every depth, or a dict depth -> sequence; () when empty."""
+        if isinstance(values, dict):
+            return self._per_depth(values, field, parse)
+        return parse(values, field) if values else ()
 
     def _per_depth(self, mapping: dict, field: str, parse) -> dict:
         if set(mapping) != set(self.depths):
@@ -334,16 +335,14 @@ class Sweep:
         tokens in steps of batch_size·seq_len tokens, rounded, at least 1."""
         base = base or self.base
         tokens = self.tokens_per_param * budget.non_embedding_params(depth, width)
-        return max(1, round(tokens / (base.batch_size * base.data.seq_len)))
+        return max(1, round(tokens / base.tokens_per_step))
 
     def to_dict(self) -> dict:
         """JSON-ready description: the base config, the grid, and the runs it gives."""
         runs, skipped = self.expand()
-        per_depth = lambda value: {str(k): list(v) for k, v in value.items()}  # noqa: E731
         described = {"name": self.name, "base": to_dict(self.base), "depths": list(self.depths),
-                "budgets": per_depth(self.budgets) if isinstance(self.budgets, dict) else list(self.budgets),
-                "widths": per_depth(self.widths) if self.widths else None, "seeds": list(self.seeds),
-                "lr_grid": per_depth(self.lr_grid) if isinstance(self.lr_grid, dict) else list(self.lr_grid),
+                "budgets": _listed(self.budgets), "widths": _listed(self.widths) if self.widths else None,
+                "seeds": list(self.seeds), "lr_grid": _listed(self.lr_grid),
                 "multiple_of": self.multiple_of,
                 # only when used, so sweeps without variants keep their digest
                 **({"variants": [v.to_dict() for v in self.variants]} if self.variants else {}),
@@ -374,6 +373,20 @@ def with_overrides(sweep: Sweep, assignments: list[str]) -> Sweep:
     return dataclasses.replace(sweep, base=override(sweep.base, assignments))
 
 
+def select(runs: list[RunSpec], globs: list[str] | None) -> list[RunSpec]:
+    """The runs whose name matches one of the shell patterns ``globs`` (``--only``; all runs if none given).
+
+    Raises ``ValueError`` (one line) when no run matches.
+    """
+    if not globs:
+        return runs
+    chosen = [run for run in runs if any(fnmatch.fnmatchcase(run.name, glob) for glob in globs)]
+    if not chosen:
+        raise ValueError(f"--only {' '.join(globs)}: matches none of the {len(runs)} run names "
+                         "(see `python -m sweeps.launch list`)")
+    return chosen
+
+
 def shard(runs: list[RunSpec], index: int, count: int) -> list[RunSpec]:
     """Share ``index`` of ``count`` of ``runs``: disjoint, together complete, balanced in rough cost.
 
@@ -399,22 +412,4 @@ def load_sweep(path) -> Sweep:
     Raises ``SweepFileError`` with a one-line reason for a missing file, a
     file that raises, or one that defines no sweep.
     """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise SweepFileError(f"sweep file {path}: no such file")
-    try:
-        namespace = runpy.run_path(str(path), run_name="__sweep_file__")
-        if callable(namespace.get("sweep")):
-            value = namespace["sweep"]()
-        elif "SWEEP" in namespace:
-            value = namespace["SWEEP"]
-        else:
-            raise SweepFileError(f"sweep file {path}: defines neither sweep() nor SWEEP")
-    except SweepFileError:
-        raise
-    except Exception as error:  # noqa: BLE001 - anything a user's file raises becomes one line
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise SweepFileError(f"sweep file {path}: {type(error).__name__}: {first}") from None
-    if not isinstance(value, Sweep):
-        raise SweepFileError(f"sweep file {path}: sweep() gave a {type(value).__name__}, not a sweeps.spec.Sweep")
-    return value
+    return python_file.load(path, function="sweep", constant="SWEEP", expected=Sweep, what="sweep file")

@@ -11,9 +11,7 @@ import dataclasses
 import os
 import textwrap
 
-import tabulate
-
-from scaling.cli import fmt
+from scaling.cli import fmt, text_table
 from sweeps.spec import RunSpec, Sweep
 
 STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
@@ -31,7 +29,8 @@ class RunState(collections.namedtuple("RunState", "spec status checkpoint_step r
         record = self.record or {}
         return {**self.spec.describe(), "status": self.status, "steps": self.spec.config.steps,
                 "checkpoint_step": self.checkpoint_step, "final_eval_loss": record.get("final_eval_loss"),
-                "train_seconds": record.get("train_seconds"), "wall_seconds": record.get("wall_seconds")}
+                "train_seconds": record.get("train_seconds"), "wall_seconds": record.get("wall_seconds"),
+                **{key: record.get(key) for key in ("mfu", "estimated_step_seconds", "estimated_mfu")}}
 
 
 def read_state(run: RunSpec, workdir) -> RunState:
@@ -84,12 +83,6 @@ def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
 
 # ---------------------------------------------------------------------------
 # Tables
-
-
-def text_table(header: list[str], rows: list[list], align: tuple[str, ...] | None = None) -> str:
-    """Cells padded into columns under ``header``, for terminals; ``align``: "left" or "right" per column
-    (default left). Cells are printed as given, never re-read as numbers."""
-    return tabulate.tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
 
 
 def run_table(states: list[RunState], multiple_of: int | None = None) -> str:
@@ -161,8 +154,10 @@ def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
 def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
     """Counts per status, the results table, loss at equal size and the analysis."""
     sweep_dir = os.path.join(str(workdir), sweep.name)
+    from sweeps import calibration
+
     parts = [f"== sweep {sweep.name}: {counts_line(states)} (of {len(states)} runs)",
-             run_table(states, sweep.multiple_of)]
+             run_table(states, sweep.multiple_of), *calibration.lines(states)]
     parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
     parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
     return "\n".join(parts)

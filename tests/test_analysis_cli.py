@@ -369,7 +369,7 @@ def test_figures_say_whose_data_they_show():
     assert np.all(band[:, 1] > 0) and band[:, 1].min() > ax.get_ylim()[0]
     assert any("mine (your runs)" in t.get_text() for t in ax.get_legend().get_texts())
     # the measured points say which estimate they are; the zero crossing is no significance test
-    from analysis.synthetic import planted_pair_runs
+    from planted import planted_pair_runs
     from analysis.transition import find_transitions
 
     transitions, _ = find_transitions(planted_pair_runs(2, 4, 3e6, np.random.default_rng(0)), n_bootstrap=20)

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from analysis.synthetic import planted_pair_runs
+from planted import planted_pair_runs
 from analysis.transition import find_transitions
 
 TRIALS = 200

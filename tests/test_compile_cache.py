@@ -1,4 +1,5 @@
-"""The preflight's compile cache (sweeps/compile_cache.py), on CPU-compiled programs: what it stores, when it answers."""
+"""The preflight's compile cache (sweeps/preflight/compile_cache.py), on CPU-compiled programs: what it stores,
+when it answers."""
 
 import gzip
 import os
@@ -7,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from sweeps import compile_cache
+from sweeps.preflight import compile_cache
 
 
 class CountingLowered:

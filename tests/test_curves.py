@@ -168,3 +168,16 @@ def test_curves_of_a_sweep_on_cloud_storage(tiny_reference, gcs, capsys):
     assert epath.Path(f"{out}/curves_L1.png").read_bytes().startswith(b"\x89PNG")
     runs, _ = curves.load_curves(f"{gcs}/runs")
     assert [run.train[:, 2].tolist() for run in runs] == [[row["loss"] for row in rows if "loss" in row]] * 2
+
+
+def test_without_logged_tokens_the_record_says_the_tokens_per_step(tmp_path):
+    # Rows of a classification task are shorter than seq_len: the record's tokens per step is what was
+    # trained, never the config's batch_size × seq_len (analysis reads records only).
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"model": {"depth": 1, "width": 16}, "batch_size": 16,
+                                                     "data": {"seq_len": 128}}))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 3.0}) + "\n")
+    (run_dir / "result.json").write_text(json.dumps({"status": "finished", "tokens_per_step": 16 * 9}))
+    run = curves.read_run(run_dir)
+    assert run.train.tolist() == [[10, 10 * 16 * 9, 3.0]]

@@ -1,5 +1,6 @@
 """Every command line's --help: answered without importing JAX, named as it was started, short and plain
-for the sweep launcher, and one line of description for every subcommand."""
+for the sweep launcher, and one line of description for every subcommand; and bad input answered with
+one line naming the option, and exit status 2."""
 
 import argparse
 import sys
@@ -121,3 +122,28 @@ def test_sweep_subcommand_help_is_plain(command):
     sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     text = sub.choices[command].format_help()
     assert "`" not in text and "sweeps.spec" not in text, text
+
+
+# Every `python -m` entry point (the console scripts' modules and the module-only tools) with a bad option value.
+BAD_VALUES = {
+    "scaling.train": (["--config", "tiny", "--workdir", "runs/x", "--num-processes", "two"], "--num-processes"),
+    "scaling.train eval": (["eval", "runs/x", "--batches", "0"], "--batches"),
+    "scaling.data": (["batch-hash", "--seed", "x", "--step", "1", "--batch-size", "2"], "--seed"),
+    "scaling.corpus": (["build", "--out", "corpus", "--xz-preset", "12"], "--xz-preset"),
+    "scaling.corpus_build": (["--out", "corpus", "--xz-preset", "x"], "--xz-preset"),
+    "scaling.migrate_records": (["runs", "--dry-run=yes"], "--dry-run"),
+    "analysis": (["synthetic", "--out", "sweep.csv", "--seeds", "0"], "--seeds"),
+    "sweeps.launch": (["run", "sweep.py", "--shard", "x"], "--shard"),
+}
+
+
+@pytest.mark.parametrize("entry", BAD_VALUES)
+def test_a_bad_option_value_is_one_line_naming_it_and_exit_status_2(entry, tmp_path):
+    module = entry.split()[0]
+    argv, option = BAD_VALUES[entry]
+    done = helpers.run_module(module, *argv, cwd=tmp_path, env=_env(), timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and option in lines[0], done.stderr
+    assert lines[0].startswith(f"python -m {module}"), lines[0]  # says which command answered
+    assert done.stdout == ""

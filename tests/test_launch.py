@@ -412,10 +412,11 @@ def test_preflight_is_dispatched_lazily(tmp_path, monkeypatch):
 
     sweep_file = write_sweep(tmp_path, "unit", "depths=(1, 2), widths={1: (16,), 2: (16,)}")
     seen = {}
-    monkeypatch.setattr(preflight, "main", lambda sweep, args, runs: seen.update(
-        sweep=sweep, topology=args.topology, json=args.json, pod_wide=args.pod_wide, runs=[r.name for r in runs]) or 0)
+    monkeypatch.setattr(preflight, "main", lambda args, runs, deal: seen.update(
+        steps={r.config.steps for r in runs}, topology=args.topology, json=args.json, pod_wide=args.pod_wide,
+        runs=[r.name for r in runs], deal=deal) or 0)
     assert launch.main(["preflight", str(sweep_file), "--topology", "v5e:4x4", "--json", "--set", "steps=5"]) == 0
-    assert seen["topology"] == "v5e:4x4" and seen["json"] and seen["sweep"].base.steps == 5
+    assert seen["topology"] == "v5e:4x4" and seen["json"] and seen["steps"] == {5} and seen["deal"] is spec.shard
     assert seen["runs"] == ["L1-d16-s0", "L2-d16-s0"] and not seen["pod_wide"]
     assert launch.main(["preflight", str(sweep_file), "--topology", "v5e:4x4", "--only", "L2-*", "--pod-wide"]) == 0
     assert seen["runs"] == ["L2-d16-s0"] and seen["pod_wide"]
@@ -488,7 +489,9 @@ def test_a_run_another_launcher_finishes_after_the_check_is_not_reported_as_trai
     tiny.on_one_device(monkeypatch)
     assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
     capsys.readouterr()
-    real_states, real_state = launch.read_states, launch.read_state
+    from sweeps import run_loop
+
+    real_states, real_state = launch.read_states, run_loop.read_state
     calls = []
 
     def stale_at_first(*args, **kwargs):  # the work directory as it was before the other launcher finished
@@ -497,7 +500,7 @@ def test_a_run_another_launcher_finishes_after_the_check_is_not_reported_as_trai
         return [state._replace(status="pending") for state in states] if len(calls) == 1 else states
 
     monkeypatch.setattr(launch, "read_states", stale_at_first)
-    monkeypatch.setattr(launch, "read_state", lambda *args: real_state(*args)._replace(status="pending"))
+    monkeypatch.setattr(run_loop, "read_state", lambda *args: real_state(*args)._replace(status="pending"))
     assert launch.main(["run", sweep, "--workdir", "runs"]) == 0
     printed = capsys.readouterr()
     text = printed.out + printed.err

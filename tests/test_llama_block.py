@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import helpers
+from model_params import init_params
 from scaling import budget, flops
 from scaling.config import ModelConfig, TrainConfig, config_id, override
-from scaling.model import Transformer, _ACTIVATIONS, init_params, rotary_positions
+from scaling.model import Transformer, _ACTIVATIONS, rotary_positions
 
 
 def _swiglu_hidden(width, ff_multiplier=4):

@@ -8,11 +8,12 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from model_params import init_params
 from scaling import mesh as mesh_lib
 from scaling.config import MeshConfig, ModelConfig
 from scaling.loss import compute_loss, cross_entropy_sum, mask_for_mlm, slice_positions
-from scaling.model import Transformer, init_params, unembed
-from sweeps import hlo
+from scaling.model import Transformer, unembed
+from sweeps.preflight import hlo
 
 VOCAB, PADDED, WIDTH = 300, 384, 32
 

@@ -2,7 +2,8 @@
 one job, and activations are sharded (logical names on activations, mapped through the parameters' rules).
 
 Runs on the 8 fake CPU devices of ``conftest.py``. The collective bytes are
-read from the compiled CPU program with ``sweeps.roofline.collective_traffic``.
+read from the compiled CPU program with ``sweeps.preflight.collective_traffic``; programs are lowered ahead
+of time by ``scaling.program.lower_train_step``, as the preflight and the benchmarks lower them.
 """
 
 import contextlib
@@ -19,7 +20,7 @@ import tiny
 from scaling import mesh as mesh_lib, program as program_lib, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
 from scaling.model import RESIDUAL
-from sweeps import roofline
+from sweeps.preflight import collective_traffic
 
 
 def small_config(**changes) -> TrainConfig:
@@ -117,9 +118,7 @@ def test_constraints_leave_a_one_device_program_unchanged(eight_devices, monkeyp
     mesh = mesh_lib.make_mesh(config.mesh, eight_devices[:1])
 
     def lowered():
-        program = program_lib.build(config, mesh)
-        return program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
-                                        program.abstract_hparams).as_text()
+        return program_lib.lower_train_step(config, mesh)[1].as_text()
 
     with_rules = lowered()
     with constraints_off(monkeypatch):
@@ -127,10 +126,8 @@ def test_constraints_leave_a_one_device_program_unchanged(eight_devices, monkeyp
 
 
 def _traffic(config, mesh):
-    program = program_lib.build(config, mesh)
-    compiled = program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
-                                        program.abstract_hparams).compile()
-    return roofline.collective_traffic(compiled.as_text(), mesh.devices.size)
+    _, lowered = program_lib.lower_train_step(config, mesh)
+    return collective_traffic(lowered.compile().as_text(), mesh.devices.size)
 
 
 def test_fsdp_step_gathers_weights_not_activations(eight_devices):

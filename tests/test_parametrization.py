@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import tiny
+from model_params import init_params
 from scaling import data, mesh as mesh_lib, optim as optim_lib, parametrization, program as program_lib
 from scaling.config import ModelConfig, OptimConfig, TrainConfig, _identity, config_id, override
-from scaling.model import Block, Transformer, attention_logit_scale, init_params
+from scaling.model import Block, Transformer, attention_logit_scale
 from scaling.parametrization import Multipliers
 
 

@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from planted import planted_pair_runs
 from analysis import plots, projection
-from analysis.synthetic import planted_pair_runs, synthetic_runs
+from analysis.synthetic import synthetic_runs
 from analysis.transition import find_transitions
 
 PAPER = projection.FIT_PRESETS["levine2020"]

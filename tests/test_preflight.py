@@ -18,7 +18,9 @@ import pytest
 
 from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
-from sweeps import launch, preflight, preflight_table
+from scaling.hardware import GIB
+from sweeps import launch, preflight
+from sweeps.preflight import report as report_lib, topology as topology_lib
 from sweeps.spec import Sweep
 
 # The suite shares one persistent compilation cache (tests/conftest.py). JAX cannot load a
@@ -26,7 +28,6 @@ from sweeps.spec import Sweep
 # cache: it says so in a warning and compiles again, so the results are unaffected.
 pytestmark = pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry:UserWarning")
 
-GIB = 2**30
 TOPOLOGY = "v5e:2x2"  # 4 chips of 16 GiB
 
 
@@ -110,11 +111,10 @@ def test_every_documented_slice_shape_is_accepted(good):
 
 
 def test_every_generation_with_chip_facts_has_slice_shapes():
-    from sweeps import roofline, slices
-
-    for generation in roofline.CHIPS:
-        assert slices.allowed_shapes(generation)
-        assert slices.is_slice_shape(generation, (1, 1) if roofline.CHIPS[generation].dims == 2 else (2, 2, 1))
+    for generation in preflight.CHIPS:
+        assert topology_lib.allowed_shapes(generation)
+        dims = preflight.CHIPS[generation].tpu.dims
+        assert topology_lib.is_slice_shape(generation, (1, 1) if dims == 2 else (2, 2, 1))
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +275,7 @@ def test_a_repeated_preflight_takes_every_compile_from_the_cache_with_the_same_r
     for fresh, cached in zip(first["runs"], again["runs"]):  # a fit and an out-of-memory FAIL
         assert not fresh["compile_cached"] and cached["compile_cached"]
         assert {key for key in fresh if fresh[key] != cached[key]} <= {"compile_cached", "compile_seconds"}
-    table = preflight_table.format_table(again["runs"], again["summary"])
+    table = preflight.format_table(again["runs"], again["summary"])
     assert "cached" in table.splitlines()[1] and "2 from the compile cache" in table
     # --compile-cache off compiles again.
     _, uncached = run_cli(path, "--jobs", "1", "--only", "L1-*", "--compile-cache", "off")
@@ -299,7 +299,7 @@ def test_cli_json_reports_every_run(cli_run):
 
 def test_table_names_runs_results_and_suggestions(cli_run):
     _, report = cli_run
-    lines = preflight_table.format_table(report["runs"], report["summary"]).splitlines()
+    lines = preflight.format_table(report["runs"], report["summary"]).splitlines()
     assert lines[0].split()[0] == "run"
     assert lines[1].startswith("L1-d64-s0") and lines[1].endswith("PASS")
     assert lines[2].startswith("L48-d8192-s0") and lines[2].endswith("FAIL")
@@ -315,9 +315,9 @@ def test_cli_exit_status_is_zero_when_every_run_passes(tmp_path, capsys):
 
 
 def test_missing_libtpu_is_one_clear_line(monkeypatch, capsys):
-    monkeypatch.setattr(preflight, "libtpu_installed", lambda: False)
+    monkeypatch.setattr(report_lib, "libtpu_installed", lambda: False)
     args = types.SimpleNamespace(topology=TOPOLOGY, json=False)
-    assert preflight.main(None, args) == 2
+    assert preflight.main(args, []) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'pip install -e ".[tpu]"' in err
 
@@ -331,7 +331,7 @@ def test_bad_topology_on_the_command_line(tmp_path, capsys):
 
 def test_a_slice_shape_that_does_not_exist_is_one_line_on_the_command_line(tmp_path, capsys, monkeypatch):
     # v5e:3x3 used to be checked on one host's 2x2 and pass; it must stop before the compiler is looked for.
-    monkeypatch.setattr(preflight, "topology_devices", lambda topology: pytest.fail("compiled for a bad slice"))
+    monkeypatch.setattr(report_lib, "topology_devices", lambda topology: pytest.fail("compiled for a bad slice"))
     path = write_sweep(tmp_path, (1,), {1: (64,)})
     assert launch.main(["preflight", path, "--topology", "v5e:3x3"]) == 2
     err = capsys.readouterr().err.strip()
@@ -358,9 +358,9 @@ def fake_row(name, config, topology, devices, remat_search=False, cache=None):
 
 def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, monkeypatch, capsys):
     checked = []
-    monkeypatch.setattr(preflight, "libtpu_installed", lambda: True)
-    monkeypatch.setattr(preflight, "topology_devices", lambda topology: [None] * topology.chips)
-    monkeypatch.setattr(preflight, "check_run", lambda *args: checked.append(args[0]) or fake_row(*args))
+    monkeypatch.setattr(report_lib, "libtpu_installed", lambda: True)
+    monkeypatch.setattr(report_lib, "topology_devices", lambda topology: [None] * topology.chips)
+    monkeypatch.setattr(report_lib, "check_run", lambda *args: checked.append(args[0]) or fake_row(*args))
     path = tmp_path / "seeds.py"
     path.write_text(SWEEP_FILE.format(depths=(1, 2), widths={1: (64,), 2: (64,)}).replace(
         'widths={1: (64,), 2: (64,)})', 'widths={1: (64,), 2: (64,)}, seeds=(0, 1, 2))'))
@@ -397,7 +397,7 @@ def test_a_run_with_an_uncounted_loop_reads_unknown_in_the_table_and_the_hours(t
     summary = preflight.sweep_summary(rows, runs, "v5e:2x2")
     assert summary["runs_unknown"] == 1 and summary["loops_uncounted"] == 1 and summary["loops_counted"] == 3
     assert summary["chip_hours"] is None and summary["wall_hours"] is None  # never a number that leaves a run out
-    table = preflight_table.format_table(rows, summary)
+    table = preflight.format_table(rows, summary)
     line = next(line for line in table.splitlines() if line.startswith(runs[1].name))
     assert "unknown" in line and "1 (1 not)" in line
     assert "unknown chip-hours" in table

@@ -27,7 +27,7 @@ def test_trainer_and_preflight_build_the_same_program(config):
     pipeline = data.build(config.data)
     resolved = train.resolve_config(config, pipeline)
     trained = train._program_for(resolved, pipeline, tiny.one_device())
-    priced_shape, _ = preflight._program_key(resolved)
+    priced_shape, _ = preflight.program_key(resolved)
     assert trained.shape == priced_shape
     if config is PARITY:
         assert priced_shape.label_ids == tuple(pipeline.LABEL_TOKENS)  # the two-logit loss

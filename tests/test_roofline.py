@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sweeps import hlo, hlo_collectives, hlo_cost, roofline
-from sweeps.spec import Sweep
+from scaling import hardware
 from scaling.config import DataConfig, ModelConfig, TrainConfig
+from sweeps.preflight import collectives, hlo, hlo_cost, roofline
+from sweeps.spec import Sweep, shard
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -79,11 +80,11 @@ def test_tpu_collectives_in_async_fusions_and_reduce_scatter_fusions():
     ("channel_id=1", 16),  # no groups: every chip
 ])
 def test_group_sizes(text, size):
-    assert len(hlo_collectives.replica_group(text, 16)) == size
+    assert len(collectives.replica_group(text, 16)) == size
 
 
 def test_step_model_prices_each_op_and_overlaps_async_collectives_with_the_ops_between():
-    chip = roofline.CHIPS["v5e"]
+    chip = hardware.TPUS["v5e"]
     machine = roofline.machine(chip)
     text = "\n".join([
         "HloModule m, is_scheduled=true",
@@ -97,9 +98,9 @@ def test_step_model_prices_each_op_and_overlaps_async_collectives_with_the_ops_b
         "  ROOT %done = bf16[4096,1024]{1,0} all-gather-done(%ag)",
         "}"])
     cost = hlo_cost.program_cost(text, machine, 4, lambda group: 4)
-    dot_seconds = max(2 * 1024**3 / chip.peak_flops, 3 * 2 * 1024**2 / chip.hbm_bandwidth)
-    add_seconds = max(1024**2 / chip.peak_flops, 3 * 2 * 1024**2 / chip.hbm_bandwidth)
-    gather_seconds = 3 / 4 * 8 * 2**20 / chip.ici_bandwidth  # 3/4 of the 8 MiB result, over all 4 links
+    dot_seconds = max(2 * 1024**3 / chip.bf16_flops, 3 * 2 * 1024**2 / chip.hbm_bandwidth)
+    add_seconds = max(1024**2 / chip.bf16_flops, 3 * 2 * 1024**2 / chip.hbm_bandwidth)
+    gather_seconds = 3 / 4 * 8 * 2**20 / chip.link_bandwidth  # 3/4 of the 8 MiB result, over all 4 links
     assert cost.flops == 2 * 1024**3 + 1024**2
     assert cost.compute_seconds == pytest.approx(dot_seconds) and cost.memory_seconds == pytest.approx(add_seconds)
     assert cost.collective_seconds == pytest.approx(gather_seconds)
@@ -110,29 +111,13 @@ def test_step_model_prices_each_op_and_overlaps_async_collectives_with_the_ops_b
 
 
 def test_collectives_use_the_links_of_the_grid_dimensions_their_group_spans():
-    chip = roofline.CHIPS["v5e"]
+    chip = hardware.TPUS["v5e"]
     devices = [types.SimpleNamespace(coords=(x, y, 0)) for y in range(4) for x in range(2)]  # v5e:2x4
     links = roofline.link_counter(devices, chip)
     assert links([0, 1]) == 2  # one row: a ring along x, both directions
     assert links([0, 2, 4, 6]) == 2  # one column
     assert links(list(range(8))) == 4  # both dimensions: every link of the chip
-    assert roofline.link_counter([types.SimpleNamespace()] * 8, chip)([0, 1]) == chip.ici_links  # no coordinates
-
-
-def test_chip_table_holds_the_documented_figures_of_four_generations():
-    # The Cloud TPU documentation's per-chip figures (one page per generation, cited in sweeps/roofline.py),
-    # in the cost model's units: HBM in GiB, bf16 FLOP/s, HBM bytes/s, ICI bytes/s in one direction (Gbps / 8).
-    documented = {"v4": (32, 275e12, 1200e9, 2400e9 / 8, 3), "v5e": (16, 197e12, 819e9, 1600e9 / 8, 2),
-                  "v5p": (95, 459e12, 2765e9, 4800e9 / 8, 3), "v6e": (32, 918e12, 1640e9, 3200e9 / 8, 2)}
-    assert set(roofline.CHIPS) == set(documented)
-    for name, (gib, flops, hbm, ici, dims) in documented.items():
-        chip = roofline.CHIPS[name]
-        assert (chip.hbm_bytes, chip.peak_flops, chip.hbm_bandwidth, chip.ici_bandwidth) == (
-            gib * 2**30, flops, hbm, ici), name
-        assert (chip.dims, chip.ici_links) == (dims, 2 * dims), name  # a neighbour each side of each dimension
-    # Accelerator types count TensorCores: a v4 or v5p chip has two (v4-32 is 16 chips), v5e and v6e one.
-    assert {name: f"{chip.accelerator_prefix}{16 * chip.cores_per_chip}" for name, chip in roofline.CHIPS.items()} == {
-        "v4": "v4-32", "v5e": "v5litepod-16", "v5p": "v5p-32", "v6e": "v6e-16"}
+    assert roofline.link_counter([types.SimpleNamespace()] * 8, chip)([0, 1]) == chip.links  # no coordinates
 
 
 def test_sweep_time_in_chip_hours_and_busiest_host():
@@ -142,8 +127,9 @@ def test_sweep_time_in_chip_hours_and_busiest_host():
     serial = roofline.sweep_time(seconds, runs, chips_per_run=4)
     assert serial["chip_hours"] == pytest.approx(4 * (2 + 2 + 3 + 3)) and serial["wall_hours"] == pytest.approx(10)
     # On two hosts the launcher deals the two costlier (L2) runs first, one to each host.
-    parallel = roofline.sweep_time(seconds, runs, chips_per_run=4, parallel=2)
+    parallel = roofline.sweep_time(seconds, runs, chips_per_run=4, shares=[shard(runs, i, 2) for i in range(2)])
     assert parallel["chip_hours"] == serial["chip_hours"] and parallel["wall_hours"] == pytest.approx(5)
+    assert (serial["in_parallel"], parallel["in_parallel"]) == (1, 2)
     unfit = roofline.sweep_time({runs[0].run_id: 2.0}, runs, chips_per_run=4)
     assert unfit["runs_estimated"] == 1 and unfit["chip_hours"] == pytest.approx(8)
 
@@ -167,7 +153,7 @@ def test_trip_counts_are_read_from_tpu_loop_conditions():
 
 
 def test_nested_loops_multiply_and_match_the_compiler_on_the_unrolled_program():
-    machine = roofline.machine(roofline.CHIPS["v5e"])
+    machine = roofline.machine(hardware.TPUS["v5e"])
     looped = hlo_cost.program_cost(NESTED.read_text(), machine, 4)
     unrolled = hlo_cost.program_cost(UNROLLED.read_text(), machine, 4)
     assert (looped.loops_counted, looped.loops_uncounted, unrolled.loops_counted) == (4, 0, 0)
@@ -186,7 +172,7 @@ def test_nested_loops_multiply_and_match_the_compiler_on_the_unrolled_program():
 def test_a_loop_it_cannot_count_makes_the_estimate_unknown():
     # Make the inner loops' bound a parameter instead of a constant: the count is no longer readable.
     text = NESTED.read_text().replace("constant(5)", "parameter(1)")
-    estimate = roofline.step_estimate(text, roofline.CHIPS["v5e"], [types.SimpleNamespace()] * 4)
+    estimate = roofline.step_estimate(text, hardware.TPUS["v5e"], [types.SimpleNamespace()] * 4)
     assert estimate.loops_uncounted == 2 and estimate.loops_counted == 2
     assert estimate.step_seconds is None and estimate.flops is None and estimate.bound is None
 
@@ -198,6 +184,6 @@ def test_flops_of_a_cpu_program_match_the_compiler(line):
     compiled = jax.jit(function, in_shardings=(split, whole), out_shardings=split).lower(*specs).compile()
     analysis = compiled.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-    cost = hlo_cost.program_cost(compiled.as_text(), roofline.machine(roofline.CHIPS["v5e"]), 8)
+    cost = hlo_cost.program_cost(compiled.as_text(), roofline.machine(hardware.TPUS["v5e"]), 8)
     assert cost.flops == pytest.approx(analysis["flops"], rel=0.05)
     assert cost.flops >= 2 * 8 * 32 * 16  # each chip's 8 rows times the 32x16 weights

@@ -57,10 +57,10 @@ def spy_on_training_batches(monkeypatch) -> dict:
     return seen
 
 
-def test_a_run_trains_from_a_gs_token_cache_alone_and_writes_its_records_to_gs(gcs, tmp_path, monkeypatch):
+def test_a_run_trains_from_a_gs_token_cache_alone_and_writes_its_records_to_gs(gcs, tmp_path, monkeypatch,
+                                                                               own_cache_home):
     # Tokens: a local jsonl file, cached once on gs:// and then deleted; the run
     # must see the very batches the file gave, with the hub switched off.
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     source = tmp_path / "corpus.jsonl"
     source.write_text("".join(json.dumps({"text": f"Line {i}: " + "words and more words " * (1 + i % 5)}) + "\n"
                               for i in range(80)))

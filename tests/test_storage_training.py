@@ -58,10 +58,9 @@ def gs_reference(gcs_emulator):
 
 
 def test_a_whole_sweep_on_gs_is_read_back_by_status_and_the_analysis(gcs, gcs_emulator, tmp_path, capsys,
-                                                                     monkeypatch):
+                                                                     monkeypatch, own_cache_home):
     from analysis.__main__ import main as analysis
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     tokens = f"{gcs}/tokens/builtin"
     data.main(token_cache.cache_command(DataConfig(source="builtin", seq_len=32), tokens).split()[3:] + ["--quiet"])
     sweep_file = tiny.write_sweep(tmp_path, "micro")

@@ -222,7 +222,6 @@ def test_the_token_cache_fetches_a_steps_rows_in_a_few_requests(gcs, gcs_emulato
     proxy = FaultProxy(gcs_emulator.url)  # counts the requests that reach the storage
     try:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
         storage.use_emulator()
         local = DataConfig(source="builtin", seq_len=64)
         token_cache.build_cache(local, f"{gcs}/tokens", documents_per_shard=1500)

@@ -82,3 +82,16 @@ def test_a_resumed_tracker_merges_into_the_restored_step(tmp_path):
     written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in written] == [0, 5, 10, 15, 20, 25]
     assert written[4] == {"step": 20, "loss": 3.0, "eval_loss": 2.5}
+
+
+def test_every_wandb_run_opens_one_way(tmp_path):
+    # The trainer's runs and the launcher's sweep run: resumable under our id, files beside the run.
+    from scaling.track import open_wandb_run
+
+    assert open_wandb_run(tmp_path, mode="disabled", project="p", id="abc123") is None
+    run = open_wandb_run(tmp_path, mode="offline", project="p", group="g", name="n", id="abc123", config={"a": 1})
+    try:
+        assert (run.id, run.group, run.config["a"]) == ("abc123", "g", 1)
+        assert list((tmp_path / "wandb").glob("offline-run-*-abc123"))
+    finally:
+        run.finish()

@@ -16,7 +16,7 @@ import pytest
 import tiny
 from scaling import train
 from scaling.stopping import PREEMPTED_EXIT_CODE
-from sweeps import busy, launch, spec
+from sweeps import busy, launch, spec, state
 from test_launch import write_record
 
 GRID = "depths=(1,), widths={1: (16,)}"  # one run: tiny.config()'s program, compiled once a session
@@ -38,7 +38,7 @@ def hold(run, workdir, host: str, pid: int) -> Path:
 
 
 def status(run, workdir) -> str:
-    return launch.read_state(run, workdir).status
+    return state.read_state(run, workdir).status
 
 
 def polls(monkeypatch, before_each):

@@ -52,13 +52,14 @@ import sys
 
 import numpy as np
 
+from scaling import hardware
 from scaling.config import ModelConfig, OptimConfig, TrainConfig
 from scaling.corpus_build import data_config
 from sweeps.spec import Sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_SIZES_FILE = REPO / "results" / "gpu_depth" / "stage2_sizes.json"
-H100_BF16_PEAK = 989e12  # FLOP/s, dense bfloat16, SXM; for MFU and dry-run's time
+H100_BF16_PEAK = hardware.H100.peak_flops("bfloat16")  # FLOP/s, dense, SXM; for MFU and dry-run's time
 EXPECTED_MFU = (0.05, 0.10)  # pessimistic for models this small (widths 64 to 416)
 TOKENS_PER_PARAM = 20.0  # training tokens per non-embedding parameter (10 if stage 1 is too slow: see README)
 SCOUT_LOSS_STD = 0.007  # nats per token: seed noise at this scale (0.006 to 0.008), for the one-seed scout

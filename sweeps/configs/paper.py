@@ -63,6 +63,7 @@ every host before training.
 import numpy as np
 
 from analysis.projection import FIT_PRESETS, transition_params
+from scaling import hardware
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeps.spec import Sweep
 
@@ -92,7 +93,7 @@ def sweep() -> Sweep:
                           end_lr_fraction=0.1, weight_decay=0.1, grad_clip=1.0),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
         steps=5000, batch_size=256, eval_every=1000, eval_batches=16, checkpoint_every=500, log_every=50,
-        peak_flops=1.97e14,  # TPU v5e bfloat16 peak per chip, for MFU
+        peak_flops=hardware.TPU_V5E.peak_flops("bfloat16"),  # per chip, for MFU and dry-run's time
         wandb_mode="auto")
     return Sweep(name="paper", base=base, depths=DEPTHS, budgets=budgets_per_depth(), seeds=(0, 1, 2),
                  multiple_of=64)

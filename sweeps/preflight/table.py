@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from scaling.cli import fmt
-from sweeps.state import text_table
-
-GIB = 2**30
+from scaling.cli import fmt, text_table
+from scaling.hardware import GIB
 
 
 def _gib(value) -> str:
@@ -18,6 +16,13 @@ def _cell(value, form: str, row: dict | None = None) -> str:
     return fmt(value, form, missing="unknown" if uncounted else "-")
 
 
+def _range(row: dict, low: str, high: str, plain: str, form: str) -> str:
+    """``low..high`` of the two estimates (``?`` where the compiler gave none), else the row's ``plain`` figure."""
+    if row.get(low) is None:
+        return _cell(row.get(plain), form, row)
+    return f"{fmt(row[low], form)}..{fmt(row.get(high), form, missing='?')}"
+
+
 def _loops(row: dict) -> str:
     if row.get("loops_counted") is None:
         return "-"
@@ -28,15 +33,17 @@ def _loops(row: dict) -> str:
 def format_table(rows: list[dict], summary: dict | None = None) -> str:
     """A plain-text table of preflight rows (GiB per chip, TFLOP and GB per chip per step, seconds), then notes."""
     header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "ICI GB/chip", "step s", "bound", "MFU est",
-              "MFU max", "loops", "compile s", "result")
+              "MFU causal", "MFU max", "loops", "compile s", "result")
     lines = []
     for row in rows:
         lines.append((row["name"], _gib(row["hbm_bytes_per_device"]), _gib(row["hbm_capacity_bytes"]),
                       "yes" if row["fits"] else "no",
                       _cell(row["flops"] and row["flops"] / 1e12, ".3g", row),
                       _cell(row["collective_bytes"] and row["collective_bytes"] / 1e9, ".3g", row),
-                      _cell(row["estimated_step_seconds"], ".3g", row), row["bound"] or "-",
-                      _cell(row["estimated_mfu"], ".1%", row), _cell(row["mfu_upper_bound"], ".1%", row),
+                      _range(row, "step_seconds_low", "step_seconds_high", "estimated_step_seconds", ".3g"),
+                      row["bound"] or "-", _range(row, "mfu_low", "mfu_high", "estimated_mfu", ".1%"),
+                      _range(row, "mfu_causal_low", "mfu_causal_high", "", ".1%"),
+                      _cell(row["mfu_upper_bound"], ".1%", row),
                       _loops(row),
                       "same as " + row["same_program_as"] if row.get("same_program_as") else
                       _cell(row["compile_seconds"], ".1f") + (" cached" if row.get("compile_cached") else ""),
@@ -54,12 +61,16 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                         f"{_cell(better['estimated_mfu'], '.1%')} (a different run id)")
         if row.get("kernels_uncounted"):
             text.append(f"{row['name']}: kernels the roofline cannot price: {', '.join(row['kernels_uncounted'])}")
-    text.append("step s: the compiled schedule replayed, each op max(FLOPs / peak, HBM bytes / bandwidth), each "
-                "collective on its axis' links, async ones overlapped (sweeps/roofline.py); loops: while loops "
-                "counted by trip count; MFU from model FLOPs (scaling/flops.py); MFU max: every op at peak")
+    text.append("step s: low..high of two estimates of the compiled schedule replayed (loops by trip count, async "
+                "collectives overlapped): the roofline, each op max(FLOPs / peak, HBM bytes / bandwidth), corrected "
+                "for tile padding, a per-op floor, collective latency and attention's matrix-unit fill "
+                "(sweeps/preflight/roofline_corrections.py), and the compiler's own estimated_cycles at the chip's clock "
+                "(sweeps/preflight/compiler_estimate.py; ? where it gave none); MFU est from model FLOPs with attention's "
+                "full square (the trainer's, scaling/flops.py), MFU causal with its causal half; MFU max: every op "
+                "at peak")
     if any(row.get("kernels_analytic") for row in rows):
         text.append("attention kernels (Pallas custom calls) carry no cost analysis: counted analytically "
-                    "(sweeps/kernels.py)")
+                    "(sweeps/preflight/kernels.py)")
     if summary:
         hours = ("unknown chip-hours (a loop or kernel left uncounted)" if summary.get("chip_hours") is None else
                  f"{summary['chip_hours']:.1f} chip-hours, {summary['wall_hours']:.1f} h wall")
@@ -67,7 +78,18 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                     f"{summary['runs_estimated']} of {summary['runs']} runs estimated, {hours} "
                     f"({summary['in_parallel']} in parallel; training steps only); loops counted "
                     f"{summary.get('loops_counted', 0)}, uncounted {summary.get('loops_uncounted', 0)}")
+        if summary.get("chip_hours_low") is not None:
+            high = summary.get("chip_hours_high")
+            text.append(f"range of the two estimates: {summary['chip_hours_low']:.1f}.."
+                        f"{'?' if high is None else f'{high:.1f}'} chip-hours, "
+                        f"{summary['wall_hours_low']:.1f}..{fmt(summary.get('wall_hours_high'), '.1f', missing='?')} "
+                        f"h wall; median MFU {fmt(summary.get('median_mfu_low'), '.1%', missing='?')}.."
+                        f"{fmt(summary.get('median_mfu_high'), '.1%')} (attention's full square; causal half: "
+                        f"{fmt(summary.get('median_mfu_causal_low'), '.1%', missing='?')}.."
+                        f"{fmt(summary.get('median_mfu_causal_high'), '.1%')})")
+        if summary.get("price_line"):
+            text.append(summary["price_line"])
         if summary.get("programs_from_cache"):
             text.append(f"programs: {summary['programs_compiled']} compiled, {summary['programs_from_cache']} from "
-                        "the compile cache (sweeps/compile_cache.py; --compile-cache off to compile all)")
+                        "the compile cache (sweeps/preflight/compile_cache.py; --compile-cache off to compile all)")
     return "\n".join(text)

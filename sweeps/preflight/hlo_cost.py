@@ -2,8 +2,8 @@
 
 The compiler's own ``cost_analysis()`` counts every loop body once and gives
 no collective traffic, so the costs are summed here, instruction by
-instruction, over the scheduled HLO (``sweeps.hlo``; what one op costs is
-``sweeps.hlo_ops``, what one collective costs ``sweeps.hlo_collectives``):
+instruction, over the scheduled HLO (``sweeps.preflight.hlo``; what one op costs is
+``sweeps.preflight.hlo_ops``, what one collective costs ``sweeps.preflight.collectives``):
 
 - **FLOPs**: 2 per multiply-add of every ``convolution`` and ``dot``
   (TPU programs express matmuls as convolutions whose padding and dilation
@@ -27,7 +27,7 @@ instruction, over the scheduled HLO (``sweeps.hlo``; what one op costs is
   links from its start until its done, where the chip waits for it; a
   synchronous one holds both. Loops and calls are run whole, their bodies
   being replayed the same way.
-- **Loops**: a while body counts ``sweeps.hlo.trip_count`` times, nested
+- **Loops**: a while body counts ``sweeps.preflight.hlo.trip_count`` times, nested
   loops multiplying; a loop whose count cannot be read is counted once and
   reported in ``loops_uncounted``: the totals are then not the program's.
 - **Kernels**: custom calls that run code (Pallas/Mosaic kernels) carry no
@@ -40,9 +40,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from sweeps import hlo, hlo_collectives, hlo_ops
-from sweeps.hlo import Computation, Instruction, Module
-from sweeps.hlo_ops import COLLECTIVES, FREE_TARGETS, Machine
+from sweeps.preflight import collectives as collective_costs, hlo, hlo_ops
+from sweeps.preflight.hlo import Computation, Instruction, Module
+from sweeps.preflight.hlo_ops import COLLECTIVES, FREE_TARGETS, Machine
 
 
 @dataclasses.dataclass
@@ -121,7 +121,7 @@ class ProgramCoster:
         return max(compute, memory)
 
     def _fused(self, fused: Computation):
-        return hlo_collectives.fused_collectives(self.module, fused, self.device_count, self.links_for, self.machine)
+        return collective_costs.fused_collectives(self.module, fused, self.device_count, self.links_for, self.machine)
 
     def _launch(self, cost: Cost, collective, chip: float, links: float) -> tuple[float, float]:
         """Start ``collective`` when the chip has issued it (``chip``) and links are free (``links``, the
@@ -157,7 +157,7 @@ class ProgramCoster:
                 continue
             base = opcode.removesuffix("-start")
             if base in COLLECTIVES:
-                collective = hlo_collectives.collective(instruction, "", self.device_count, self.links_for,
+                collective = collective_costs.collective(instruction, "", self.device_count, self.links_for,
                                                         self.machine)
                 ends, links = self._launch(cost, collective, chip, links)
                 if opcode.endswith("-start"):

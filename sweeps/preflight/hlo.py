@@ -2,7 +2,7 @@
 
 ``compiled.as_text()`` is the program the chip will run, scheduled: within a
 computation the instructions are listed in execution order. This module only
-parses; ``sweeps.hlo_cost`` prices the instructions.
+parses; ``sweeps.preflight.hlo_cost`` prices the instructions.
 
 Trip counts. A compiled while loop says how often it runs in one of two
 places: XLA:CPU and XLA:GPU put ``known_trip_count`` in the loop's

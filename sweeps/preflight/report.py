@@ -2,11 +2,13 @@
 
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--only GLOB] [--json]
 
+(the launcher hands this module its runs and how it deals them to hosts; nothing here reads a sweep file).
+
 Needs the TPU compiler: ``pip install -e ".[tpu]"`` (libtpu). No TPU is
 needed: libtpu describes any slice (``v5e:2x2``, ``v5e:16x16``, ``v4:2x2x4``,
 ``v5p:2x2x2``, ``v6e:4x4``, ...) as compile-only devices, and for each run we
 build its mesh on them and compile exactly the sharded train step the trainer
-runs (``scaling.program.build``). Nothing is allocated and no data is read; the
+runs (``scaling.program.lower_train_step``). Nothing is allocated and no data is read; the
 model's vocabulary is ``config.model.vocab_size`` as given. The mesh is the
 one the run will get: on a multi-host slice, one host's 2x2 chips (the
 launcher's default, host-parallel), the whole slice with ``--pod-wide``.
@@ -26,13 +28,13 @@ What is reported per run, and where each number comes from:
   16 GiB usable on v5e), the program code, and fragmentation.
 - ``flops`` (compiled, remat's recomputation included), ``hbm_bytes_accessed``
   and ``collective_bytes`` (ICI bytes sent), all per chip per step, summed
-  over the compiled HLO by ``sweeps.hlo_cost`` with every while loop counted
+  over the compiled HLO by ``sweeps.preflight.hlo_cost`` with every while loop counted
   its trip count times (``loops_counted``). A loop it cannot count
   (``loops_uncounted`` > 0) or a kernel it cannot price
   (``kernels_uncounted``) makes every figure below None ("unknown" in the
   table), never a guess. Pallas kernels carry no cost in the HLO: the
   attention kernels are counted analytically (``kernels_analytic``).
-- ``estimated_step_seconds``: the roofline of ``sweeps.roofline`` (per-op
+- ``estimated_step_seconds``: the roofline of ``sweeps.preflight.roofline`` (per-op
   max(FLOPs / peak, bytes / bandwidth), collectives on the links of their
   mesh axis, overlapped as the compiled schedule allows), with ``bound``
   naming what dominates: ``compute_seconds`` or ``memory_seconds`` (ops
@@ -41,124 +43,51 @@ What is reported per run, and where each number comes from:
   trainer's own MFU, at the estimated step time: model FLOPs, not compiled
   ones; ``mfu_upper_bound`` is the same with compiled FLOPs / peak as the
   step time (every op at peak, nothing else).
+- two estimates per row and the range between them (``sweeps.preflight.estimate_range``):
+  ``roofline_corrected_step_seconds`` (the roofline corrected for tile
+  padding, a per-op floor, collective latency and attention's matrix-unit
+  fill, ``sweeps.preflight.roofline_corrections``; ``corrections`` gives each one's
+  seconds) and ``compiler_step_seconds`` (libtpu's ``estimated_cycles`` at the
+  chip's clock, ``sweeps.preflight.compiler_estimate``; None and
+  ``compiler_estimate_missing`` where the backend gave none);
+  ``step_seconds_low``/``_high``, ``mfu_low``/``_high`` (attention's full
+  square, the trainer's MFU) and ``mfu_causal_low``/``_high`` (its causal
+  half). The summary gives ``chip_hours_low``/``_high`` and the median MFUs.
 - ``remat_suggestion`` (``--remat-search``): the cheapest rematerialisation
   policy (none < dots < full) that fits, found by compiling the cheaper ones.
-- ``compile_cached``: the compiler's answer came from ``sweeps.compile_cache``
+- ``compile_cached``: the compiler's answer came from ``sweeps.preflight.compile_cache``
   (the same lowered program for the same slice and compiler was compiled by
   an earlier preflight), so ``compile_seconds`` is only the lookup.
 The summary gives chip-hours, wall time, the runs' uncounted loops, and how
-many programs were compiled and how many came from the cache.
+many programs were compiled and how many came from the cache; the chip-hours'
+price on demand and spot (``sweeps.preflight.prices``: ``--prices FILE``, else
+SkyPilot's downloaded catalog, else the shipped table, each named with its
+date). Each run's estimate is kept beside the compile cache
+(``sweeps.preflight.estimate_store``) for ``dry-run`` and for the run's record.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import importlib.util
 import json
 import math
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 from scaling import budget, data as data_lib, mesh as mesh_lib, program as program_lib
-from scaling.rundir import one_line
 from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
-from sweeps import compile_cache, kernels, roofline, slices
-from sweeps.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
-from sweeps.hosts import TPU_CHIPS_PER_HOST
-from sweeps.preflight_table import format_table
-from sweeps.roofline import CHIPS, GIB, Chip
-
-
-@dataclasses.dataclass(frozen=True)
-class Topology:
-    """A TPU slice named like ``v5e:4x4``: generation and chip grid."""
-
-    name: str
-    generation: str
-    shape: tuple[int, ...]
-
-    @property
-    def chip(self) -> Chip:
-        return CHIPS[self.generation]
-
-    @property
-    def chips(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def hosts(self) -> int:
-        """TPU VMs of the slice: one for up to 8 chips in a 2-D grid (v5e:2x4) or 4 in 3-D, else 4 chips each."""
-        single_host = 8 if self.chip.dims == 2 else TPU_CHIPS_PER_HOST
-        return 1 if self.chips <= single_host else self.chips // TPU_CHIPS_PER_HOST
-
-    def one_host(self) -> "Topology":
-        """The 2x2 (2x2x1) slice of one host's chips: what each run gets in host-parallel mode."""
-        shape = (2, 2) if self.chip.dims == 2 else (2, 2, 1)
-        return Topology(f"{self.generation}:{'x'.join(map(str, shape))}", self.generation, shape)
-
-
-def parse_topology(name: str) -> Topology:
-    """``"v5e:4x4"`` -> Topology; ValueError naming the allowed forms otherwise."""
-    generation, _, grid = name.partition(":")
-    if generation not in CHIPS:
-        raise ValueError(f"--topology {name!r}: unknown TPU generation {generation!r}; allowed "
-                         f"{', '.join(CHIPS)} (e.g. v5e:4x4, v4:2x2x4, v5p:2x2x2, v6e:4x4)")
-    dims = CHIPS[generation].dims
-    example = "x".join(["4"] * dims)
-    try:
-        shape = tuple(int(part) for part in grid.split("x"))
-    except ValueError:
-        shape = ()
-    if len(shape) != dims or min(shape) < 1:
-        raise ValueError(f"--topology {name!r}: {generation} slices are named by a {dims}-D chip grid, "
-                         f"e.g. {generation}:{example}")
-    if not slices.is_slice_shape(generation, shape):
-        raise ValueError(f"--topology {name!r}: {generation} has no {'x'.join(map(str, shape))} slice; "
-                         f"its slices are {slices.allowed_shapes(generation)}")
-    return Topology(name, generation, shape)
-
-
-def libtpu_installed() -> bool:
-    """True when the TPU compiler is importable (the ``tpu`` extra is installed)."""
-    return importlib.util.find_spec("libtpu") is not None
-
-
-@contextlib.contextmanager
-def _quiet_libtpu_start(topology: Topology):
-    # Off a TPU VM, libtpu looks for the VM's metadata and prints errors about
-    # missing TPU_* variables. Naming a slice of the wanted kind silences that;
-    # variables a real TPU VM sets are left alone. ALLOW_MULTIPLE_LIBTPU_LOAD
-    # lets the preflight run beside a training job that holds libtpu's lock.
-    chip = topology.chip
-    names = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-             "TPU_ACCELERATOR_TYPE": f"{chip.accelerator_prefix}{topology.chips * chip.cores_per_chip}"}
-    added = [key for key in names if key not in os.environ]
-    os.environ.update({key: names[key] for key in added})
-    try:
-        yield
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
-
-
-def topology_devices(topology: Topology) -> list:
-    """Compile-only JAX devices of the slice, one per chip, with their host (process) numbers."""
-    from jax.experimental import topologies
-
-    # Hosts own 2x2 chips on multi-host v4, v5e, v5p and v6e slices. (A single-host
-    # 2x4 slice counts as two hosts here; that only makes the batch check stricter.)
-    per_host = tuple(min(2, size) for size in topology.shape[:2]) + (1,)
-    with _quiet_libtpu_start(topology):
-        return list(topologies.get_topology_desc(
-            platform="tpu", topology_name=f"{topology.generation}:{'x'.join(map(str, topology.shape))}",
-            chip_config_name=topology.chip.chip_config, chips_per_host_bounds=per_host, num_slices=1).devices)
+from scaling.hardware import GIB, Accelerator
+from scaling.rundir import one_line
+from sweeps.preflight import compile_cache, estimate_range, estimate_store, kernels, prices, roofline
+from sweeps.preflight.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
+from sweeps.preflight.table import format_table
+from sweeps.preflight.topology import Topology, checked_topology, libtpu_installed, parse_topology, topology_devices
 
 
 # ---------------------------------------------------------------------------
@@ -198,19 +127,17 @@ def _is_out_of_memory(error: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
 
 
-def _compile(config: TrainConfig, mesh):
-    program = program_lib.build(config, mesh, **_masking(config))
-    return _lower(program, config, mesh).compile()
-
-
-def _lower(program: program_lib.Program, config: TrainConfig, mesh):
-    return program.train_step.lower(program.abstract_state, program_lib.batch_spec(config, mesh),
-                                    program.abstract_hparams)
-
-
-def _masking(config: TrainConfig) -> dict:
-    """``program.build``'s data arguments, from the one function the trainer uses too."""
+def program_arguments(config: TrainConfig) -> dict:
+    """``program.build``'s data arguments for ``config``, from the one function the trainer uses too."""
     return data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
+
+
+def program_key(config: TrainConfig) -> tuple:
+    """What a run's compiled program depends on: its ``ProgramShape`` (the trainer's) and its mesh.
+
+    Runs with the same key compile to the same program, so the preflight compiles one of them.
+    """
+    return program_lib.ProgramShape.of(config, **program_arguments(config)), config.mesh
 
 
 def check_run(name: str, config: TrainConfig, topology: Topology, devices: list, remat_search: bool = False,
@@ -245,7 +172,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
            "estimated_mfu": None, "mfu_upper_bound": None, "loops_counted": None, "loops_uncounted": None,
            "kernels_analytic": None, "kernels_uncounted": None, "collectives": None, "compile_seconds": None,
            "compile_cached": False, "remat": config.model.remat, "attention_impl": config.model.attention_impl,
-           "remat_suggestion": None,
+           "remat_suggestion": None, **estimate_range.EMPTY_FIELDS,
            "parameters": None,
            "tokens_per_step": config.batch_size * config.data.seq_len,
            "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
@@ -254,7 +181,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         mesh = mesh_lib.make_mesh(config.mesh, devices)
         hosts = len({device.process_index for device in devices})
         mesh_lib.check_batch(mesh, config.batch_size, process_count=hosts)
-        program = program_lib.build(config, mesh, **_masking(config))
+        program, lowered = program_lib.lower_train_step(config, mesh, program_arguments(config))
     except Exception as error:  # noqa: BLE001 - e.g. a mesh or batch the slice cannot take: a FAIL row
         row["error"] = one_line(error)
         return row
@@ -265,7 +192,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
 
     started, hits = time.perf_counter(), cache.hits
     try:
-        compiled = cache.compile(_lower(program, config, mesh), topology.name, _is_out_of_memory)
+        compiled = cache.compile(lowered, topology.name, _is_out_of_memory)
     except Exception as error:  # noqa: BLE001 - a run that cannot compile is a FAIL row, not a crash
         row["compile_seconds"] = round(time.perf_counter() - started, 2)
         row["compile_cached"] = cache.hits > hits
@@ -298,22 +225,27 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         row["error"] = f"cost estimate unavailable: {one_line(error)}"
         return row
     row.update(estimate_fields(config, estimate, len(devices), chip))
+    try:
+        row.update(estimate_range.row_fields(config, compiled.as_text(), topology.generation, mesh.devices.flat,
+                                             kernels.kernel_cost(config.model), len(devices)))
+    except Exception as error:  # noqa: BLE001 - like the roofline above, a bonus: the fit verdict stands
+        row["error"] = f"estimate range unavailable: {one_line(error)}"
     return row
 
 
-def step_estimate(config: TrainConfig, mesh, compiled, chip: Chip) -> roofline.StepEstimate:
-    """The roofline of one compiled train step on ``mesh`` (attention kernels priced by ``sweeps.kernels``)."""
+def step_estimate(config: TrainConfig, mesh, compiled, chip: Accelerator) -> roofline.StepEstimate:
+    """The roofline of one compiled train step on ``mesh`` (attention kernels priced by ``kernels``)."""
     return roofline.step_estimate(compiled.as_text(), chip, mesh.devices.flat, kernels.kernel_cost(config.model))
 
 
-def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips: int, chip: Chip) -> dict:
+def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips: int, chip: Accelerator) -> dict:
     """A row's cost fields from a ``StepEstimate``: None wherever a loop or kernel went uncounted."""
     tokens = config.batch_size * config.data.seq_len
 
     def mfu(seconds):
         if not seconds:
             return None
-        return model_flops_utilization(config.model, config.data.seq_len, tokens / seconds, chip.peak_flops, chips)
+        return model_flops_utilization(config.model, config.data.seq_len, tokens / seconds, chip.bf16_flops, chips)
 
     return {"flops": estimate.flops, "hbm_bytes_accessed": estimate.hbm_bytes,
             "collective_bytes": estimate.collective_bytes, "estimated_step_seconds": estimate.step_seconds,
@@ -321,7 +253,7 @@ def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips:
             "memory_seconds": estimate.memory_seconds, "collective_seconds": estimate.collective_seconds,
             "exposed_collective_seconds": estimate.exposed_collective_seconds,
             "estimated_mfu": mfu(estimate.step_seconds),
-            "mfu_upper_bound": mfu(estimate.flops / chip.peak_flops if estimate.flops else None),
+            "mfu_upper_bound": mfu(estimate.flops / chip.bf16_flops if estimate.flops else None),
             "loops_counted": estimate.loops_counted, "loops_uncounted": estimate.loops_uncounted,
             "kernels_analytic": {name: calls for name, (calls, _) in estimate.kernels.items()},
             "kernels_uncounted": estimate.kernels_uncounted,
@@ -333,20 +265,6 @@ def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips:
 # Many runs, and the command line
 
 
-def checked_topology(topology: Topology, pod_wide: bool = False) -> Topology:
-    """The slice each run is compiled for: the whole slice pod-wide or on one host, else one host's chips.
-
-    In host-parallel mode (the launcher's default on a multi-host slice) every
-    host trains its own runs on its own 2x2 chips, so that is the mesh to check.
-    """
-    return topology if pod_wide or topology.hosts == 1 else topology.one_host()
-
-
-def _program_key(config: TrainConfig) -> tuple:
-    # Runs with the same program shape on the same mesh compile to the same program.
-    return program_lib.ProgramShape.of(config, **_masking(config)), config.mesh
-
-
 def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, jobs: int = 1,
                remat_search: bool = False, cache_directory: str | None = None) -> list[dict]:
     """Preflight ``runs`` (pairs of name and TrainConfig) for the slice ``topology_name``; one row per run.
@@ -354,7 +272,7 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
     Each run is compiled for the mesh it will train on (``checked_topology``);
     runs of one program (differing in seed or learning rate, say) are compiled once and share the row. With
     ``jobs`` > 1 the distinct programs are compiled in that many processes. With
-    ``cache_directory``, programs compiled there before are not compiled again (``sweeps.compile_cache``).
+    ``cache_directory``, programs compiled there before are not compiled again (``sweeps.preflight.compile_cache``).
     """
     if not os.environ.get("JAX_PLATFORMS"):
         # Host-side work needs only the CPU; never claim (or wait for) a local TPU.
@@ -365,7 +283,7 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
         f", one host of {slice_topology.name})" if topology != slice_topology else ")")
     first: dict[tuple, tuple[str, TrainConfig]] = {}
     for name, config in runs:
-        first.setdefault(_program_key(config), (name, config))
+        first.setdefault(program_key(config), (name, config))
     done: dict[tuple, dict] = {}
     if jobs > 1 and len(first) > 1:
         done = _check_in_processes(first, topology.name, jobs, (remat_search, cache_directory), progress, where)
@@ -378,7 +296,7 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
             done[key] = check_run(name, config, topology, devices, remat_search, cache)
     rows = []
     for name, config in runs:
-        row = done[_program_key(config)]
+        row = done[program_key(config)]
         rows.append(row if row["name"] == name else dict(row, name=name, same_program_as=row["name"]))
     return rows
 
@@ -427,21 +345,30 @@ def default_jobs() -> int:
     return max(1, min(4, os.cpu_count() or 1, int(memory // (4 * GIB))))
 
 
-def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = False) -> dict:
+Deal = Callable[[list, int, int], list]  # (runs, index, count) -> the runs host ``index`` of ``count`` trains
+
+
+def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = False,
+                  deal: Deal | None = None) -> dict:
     """Chip-hours and wall time (``roofline.sweep_time``) of the ``runs`` (``RunSpec``s, one per row) that fit.
 
-    Runs that fit but whose step time is unknown (a loop or kernel the
-    roofline could not count) make the hours unknown (None): they are
-    counted in ``runs_unknown`` and their loops in ``loops_uncounted``.
+    In host-parallel mode ``deal`` is how the launcher shares the runs out to
+    the slice's hosts (``sweeps.spec.shard``); it is required there. Runs that
+    fit but whose step time is unknown (a loop or kernel the roofline could
+    not count) make the hours unknown (None): they are counted in
+    ``runs_unknown`` and their loops in ``loops_uncounted``.
     """
     slice_topology = parse_topology(topology_name)
     topology = checked_topology(slice_topology, pod_wide)
     parallel = 1 if topology == slice_topology else slice_topology.hosts
+    if parallel > 1 and deal is None:
+        raise ValueError(f"host-parallel on {slice_topology.name}: sweep_summary needs deal, how runs go to hosts")
+    shares = [deal(list(runs), index, parallel) for index in range(parallel)] if parallel > 1 else None
     step_seconds = {run.run_id: row["estimated_step_seconds"] for run, row in zip(runs, rows) if row["fits"]}
     mode = "host-parallel" if parallel > 1 else ("pod-wide" if slice_topology.hosts > 1 else "single host")
     distinct = [row for row in rows if not row.get("same_program_as")]
     unknown = sum(1 for row in rows if row["fits"] and row.get("estimated_step_seconds") is None)
-    hours = roofline.sweep_time(step_seconds, runs, topology.chips, parallel)
+    hours = roofline.sweep_time(step_seconds, runs, topology.chips, shares)
     if unknown:
         hours.update(chip_hours=None, wall_hours=None)
     return {"topology": slice_topology.name, "checked_topology": topology.name, "mode": mode,
@@ -450,7 +377,8 @@ def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = F
             "loops_uncounted": sum(row.get("loops_uncounted") or 0 for row in distinct),
             "programs_compiled": sum(not row.get("compile_cached") for row in distinct),
             "programs_from_cache": sum(bool(row.get("compile_cached")) for row in distinct),
-            "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours}
+            "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours,
+            **estimate_range.summary_fields(rows, runs, topology.chips, shares)}
 
 
 def _median(values: list):
@@ -461,15 +389,16 @@ def _median(values: list):
     return known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
 
 
-def main(sweep, args, runs=None) -> int:
+def main(args, runs, deal: Deal | None = None) -> int:
     """Entry point behind ``python -m sweeps.launch preflight``: 0 if every run passes, 1 if any fails, 2 on bad input.
 
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
     ``{"runs": [rows], "summary": {...}}`` instead of the table),
     ``pod_wide``, ``jobs`` (compile processes), ``remat_search`` and
-    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``).
-    ``runs`` (``RunSpec``s; default: the whole sweep) are the runs to check,
-    e.g. after ``--only``.
+    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``) and
+    ``prices`` (a price file, or None: ``sweeps.preflight.prices.load_prices``).
+    ``runs`` are the runs to check (the launcher's ``RunSpec``s, after ``--only``:
+    ``name``, ``run_id``, ``config``); ``deal`` as for ``sweep_summary``.
     """
     try:  # a bad topology is reported first: it is wrong whatever is installed
         topology = parse_topology(args.topology)
@@ -480,7 +409,11 @@ def main(sweep, args, runs=None) -> int:
         print('error: the preflight needs the TPU compiler (libtpu); install it with: pip install -e ".[tpu]"',
               file=sys.stderr)
         return 2
-    runs = sweep.expand().runs if runs is None else runs
+    try:  # a bad --prices file too, before any compile
+        price_table = prices.load_prices(getattr(args, "prices", None))
+    except prices.PriceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     pod_wide = getattr(args, "pod_wide", False)
     jobs = getattr(args, "jobs", None) or 1
     started = time.perf_counter()
@@ -488,9 +421,16 @@ def main(sweep, args, runs=None) -> int:
     rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide, jobs=jobs,
                       remat_search=getattr(args, "remat_search", False), cache_directory=cache_directory,
                       progress=lambda text: print(text, file=sys.stderr, flush=True))
-    summary = sweep_summary(rows, runs, topology.name, pod_wide)
+    summary = sweep_summary(rows, runs, topology.name, pod_wide, deal)
     summary["preflight_seconds"] = round(time.perf_counter() - started, 1)
     summary["jobs"] = jobs
+    summary["estimates_kept"] = estimate_store.save(cache_directory, runs, rows, topology.name)
+    # Priced over the range of the two estimates (the corrected roofline and the compiler's own); where the
+    # compiler gave no estimate, at the roofline's chip-hours only.
+    low, high = summary.get("chip_hours_low"), summary.get("chip_hours_high")
+    hours = summary["chip_hours"] if low is None else (low, low if high is None else high)
+    summary["cost"] = prices.cost(price_table, topology.generation, hours)
+    summary["price_line"] = prices.cost_line(summary["cost"], topology.generation, price_table)
     if getattr(args, "json", False):
         print(json.dumps({"runs": rows, "summary": summary}, indent=2))
     else:

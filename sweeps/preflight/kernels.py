@@ -1,4 +1,4 @@
-"""Analytic costs of the Pallas kernels the model calls, for the roofline (``sweeps.hlo_cost``).
+"""Analytic costs of the Pallas kernels the model calls, for the roofline (``sweeps.preflight.hlo_cost``).
 
 A Pallas kernel is one ``custom-call`` in compiled HLO (``tpu_custom_call``)
 whose cost the HLO cannot show: the compiler's cost analysis gives it none.
@@ -24,7 +24,7 @@ from scaling import attention
 from scaling.config import ModelConfig
 
 _SPLASH = re.compile(r"splash_mha_(fwd|dq|dkv)")
-_FLOATS = ("bf16", "f32", "f16")
+FLOATS = ("bf16", "f32", "f16")  # the dtypes of q, k and v; block masks and segment ids are integers
 
 
 def splash_cost(instruction, operands, causal: bool):
@@ -33,7 +33,7 @@ def splash_cost(instruction, operands, causal: bool):
     if not match:
         return None
     phase = match.group(1)
-    floats = [a for a in operands if a is not None and a.dtype in _FLOATS and len(a.dims) >= 3]
+    floats = [a for a in operands if a is not None and a.dtype in FLOATS and len(a.dims) >= 3]
     if len(floats) < 3:
         return None
     query = floats[0]  # [..., heads, length, head_dim]: q, k, v come first, in that order

@@ -15,9 +15,9 @@ import math
 
 from scaling import mesh as mesh_lib
 from scaling.config import TrainConfig
+from scaling.hardware import GIB
 
-GIB = 2**30
-FIT_FRACTION = 0.95  # of a chip's HBM a run may plan to use (see sweeps/preflight.py)
+FIT_FRACTION = 0.95  # of a chip's HBM a run may plan to use (see sweeps/preflight/report.py)
 REMAT_BY_COST = ("none", "dots", "full")  # least recomputation first
 
 

@@ -1,4 +1,4 @@
-"""What one top-level HLO op costs a chip: its FLOPs and the HBM bytes it reads and writes (``sweeps.hlo_cost``).
+"""What one top-level HLO op costs a chip: its FLOPs and the HBM bytes it reads and writes (for ``hlo_cost``).
 
 FLOPs: 2 per multiply-add of every ``convolution`` and ``dot`` (TPU programs
 express matmuls as convolutions whose padding and dilation leave most window
@@ -18,8 +18,8 @@ import re
 
 import numpy as np
 
-from sweeps import hlo
-from sweeps.hlo import Computation, Instruction, Module
+from sweeps.preflight import hlo
+from sweeps.preflight.hlo import Computation, Instruction, Module
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all",
                "collective-permute", "collective-broadcast")

@@ -14,8 +14,8 @@ import re
 
 import numpy as np
 
-from sweeps.hlo import Computation, Instruction, Module
-from sweeps.hlo_ops import COLLECTIVES, Machine
+from sweeps.preflight.hlo import Computation, Instruction, Module
+from sweeps.preflight.hlo_ops import COLLECTIVES, Machine
 
 
 def replica_group(attributes: str, device_count: int) -> list[int]:

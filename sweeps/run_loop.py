@@ -1,0 +1,144 @@
+"""The ``run`` command's loop: train a share's runs one after another in this process.
+
+In-process keeps start-up cheap, lets the runs of one shape (seeds, learning
+rates) share one compiled step (``scaling.program``), and lets pod-wide mode
+start ``jax.distributed`` once for the whole sweep. The price: a hard crash
+of the process (host out of memory, a segfault) stops the sweep; rerunning
+resumes from the crashed run's last checkpoint.
+
+Each run goes through ``scaling.train.run``, and how it ends decides what
+the launcher does next (``Next``): go on with the next run, wait for a run
+that another live launcher holds (``sweeps/busy.py``), or stop the sweep
+with an exit status. A signal stops the sweep whenever it arrives: mid-run
+at the next step, at the end of a run (its final evaluation) or between
+runs before the next one starts, because the loop and its runs share one
+``scaling.stopping.Stop``. Importing this module imports JAX and the
+trainer; ``sweeps.launch`` does so only to train.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, NamedTuple
+
+import jax
+
+from scaling import checkpoints, lease, progress, rundir, train
+from scaling.cli import fmt
+from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
+from sweeps import busy as busy_lib
+from sweeps.spec import RunSpec
+from sweeps.state import read_state
+
+
+class Next(NamedTuple):
+    """What the launcher does after one attempt at a run (``RunLoop.attempt``)."""
+
+    done: bool = True  # nothing more for this launch to do about the run: the progress bar counts it
+    failed: bool = False  # the exit status is 1, whatever the run's record says
+    held: bool = False  # another live launcher holds it: waited for, or exit 75 (--when-busy, sweeps/busy.py)
+    exit_code: int | None = None  # stop the sweep now, with this exit status
+
+
+DONE, HELD, FAILED = Next(), Next(done=False, held=True), Next(failed=True)
+STOPPED = Next(done=False, exit_code=PREEMPTED_EXIT_CODE)  # a signal: the run saved a checkpoint
+STORAGE_LOST = Next(done=False, failed=True, exit_code=1)  # writes abandoned: the other runs would hang too
+
+
+class RunLoop:
+    """Trains runs in order with one ``Stop``; ``say`` prints a line (a no-op off process 0), and
+    ``train_arguments(run)`` gives ``scaling.train.run``'s further keyword arguments for a run.
+
+    After ``train``: ``busy`` holds the runs left to other launchers (with
+    ``when_busy="exit"``), ``failed`` the names of runs that failed here.
+    """
+
+    def __init__(self, workdir, say: Callable[[str], None], *, show_progress: bool, when_busy: str,
+                 train_arguments: Callable[[RunSpec], dict] = lambda run: {}):
+        self.workdir, self.say, self.show_progress, self.when_busy = workdir, say, show_progress, when_busy
+        self.train_arguments = train_arguments
+        self.stop = Stop()
+        self.bar = None
+        self.busy, self.failed, self.announced = [], [], set()
+
+    def train(self, queue: list[RunSpec], desc: str) -> int | None:
+        """Train ``queue`` in order, then wait for the runs other launchers hold, unless ``when_busy`` is
+        ``exit``. An exit status if the sweep stops early, else None."""
+        # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
+        self.bar = progress.bar(total=len(queue), desc=desc, unit="run", interval=0, dynamic_ncols=True,
+                                file=sys.stderr, shown=self.show_progress)
+        with self.stop.listening(), contextlib.closing(self.bar):
+            while queue:
+                self.busy = []
+                for run in queue:
+                    code = self.train_one(run)
+                    if code is not None:
+                        return code
+                queue = []
+                if self.busy and self.when_busy == "wait":
+                    queue = self.wait_for_held()
+                    if self.stop.requested:
+                        self.say(f"stopped while waiting: {self.stop.signal} received; rerun the same command "
+                                 "to resume")
+                        return PREEMPTED_EXIT_CODE
+        return None
+
+    def train_one(self, run: RunSpec) -> int | None:
+        """Attempt ``run`` and do what its outcome says; an exit status if the sweep stops here."""
+        step, line = self.attempt(run)
+        if step.held:
+            self.busy.append(run)
+            if run.run_id in self.announced:  # once, not at every poll
+                line = None
+            self.announced.add(run.run_id)
+        if step.failed:
+            self.failed.append(run.name)
+        if line:
+            self.say(line)
+        if step.exit_code is not None:
+            return step.exit_code
+        if step.done:
+            self.bar.update(1)
+        if self.stop.any_process():  # all stop together, or the others would wait in the next run
+            self.say(f"stopping after {run.name}: {self.stop.signal or 'SIGTERM'} received; rerun the same command "
+                     "to resume")
+            return PREEMPTED_EXIT_CODE
+        return None
+
+    def attempt(self, run: RunSpec) -> tuple[Next, str]:
+        """Train ``run`` unless another launcher has finished it; what to do next, and the line saying why."""
+        # Finished by another launcher since we looked? (Pod-wide, process 0's list is what counts.)
+        if jax.process_count() == 1 and read_state(run, self.workdir).status == "finished":
+            return DONE, f"{run.name}: already finished by another launcher"
+        run_dir = run.run_dir(self.workdir)
+        try:
+            result = train.run(run.config, run_dir, show_progress=self.show_progress, stop=self.stop,
+                               raise_if_finished=True, **self.train_arguments(run))
+        except train.AlreadyFinished:  # finished by another launcher after the check above
+            return DONE, f"{run.name}: already finished by another launcher"
+        except Preempted as stopped:
+            return STOPPED, f"{run.name}: {stopped}; rerun the same command to resume"
+        except lease.RunBusy as error:
+            return HELD, f"{run.name}: skipped, another launcher holds it: {error}"
+        except LeaseLost as error:
+            return HELD, f"{run.name}: stopped: {error}"
+        except rundir.ConfigMismatch as error:
+            return FAILED, f"{run.name}: not trained: {error}"
+        except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
+            if checkpoints.abandoned_writes():
+                return STORAGE_LOST, f"{run.name}: failed: {rundir.one_line(error)}; stopping the sweep"
+            log = run_dir / "error.log"
+            where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
+            return FAILED, f"{run.name}: failed: {rundir.one_line(error)} ({where})"
+        return DONE, (f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
+                      + progress.run_time(result.steps, result.train_seconds, result.wall_seconds))
+
+    def wait_for_held(self) -> list[RunSpec]:
+        """One poll of the runs other launchers hold (``sweeps/busy.py``); the runs to try again."""
+        self.say(f"waiting for {len(self.busy)} run(s) held by another launcher: " + "; ".join(
+            f"{run.name} by {busy_lib.holder_text(run, self.workdir)}" for run in self.busy))
+        done, again = busy_lib.wait_once(self.busy, self.workdir, self.stop, self.say)
+        self.bar.update(len(done))
+        self.busy = []
+        return again
