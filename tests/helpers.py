@@ -94,18 +94,17 @@ def module_command(module: str, *arguments) -> list[str]:
     return [sys.executable, "-m", module, *map(str, arguments)]
 
 
-def run(command: list, *, env=None, cwd=REPO, timeout: float = DEFAULT_TIMEOUT, check: bool = False,
-        input: str | None = None) -> subprocess.CompletedProcess:
+def run(command: list, *, env=None, cwd=REPO, timeout: float = DEFAULT_TIMEOUT,
+        check: bool = False) -> subprocess.CompletedProcess:
     """Run ``command`` to its end: its exit status and text output (``stdout``, ``stderr``).
 
     ``env`` is the child's whole environment (default: this process's, ``with_checkout``); ``cwd``
     its working directory (default: the checkout's root); ``timeout`` in seconds. Its standard
-    input is empty unless ``input`` is given, so a command that waits for input ends instead of
-    hanging. ``check``: fail the test, with the end of the output, unless the command exits 0.
+    input is empty, so a command that waits for input ends instead of hanging. ``check``: fail the
+    test, with the end of the output, unless the command exits 0.
     """
     done = subprocess.run([str(part) for part in command], env=with_checkout() if env is None else env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, input=input,
-                          stdin=None if input is not None else subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     if check:
         assert done.returncode == 0, (f"{' '.join(done.args)} exited with {done.returncode}\n"
                                       f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -131,7 +130,8 @@ def start(command: list, *, env=None, cwd=REPO, merge_stderr: bool = False, **po
                             text=True, **popen)
 
 
-def finish(processes: list[subprocess.Popen], timeout: float = DEFAULT_TIMEOUT) -> list[subprocess.CompletedProcess]:
+def finish(processes: list[subprocess.Popen],
+           timeout: float = DEFAULT_TIMEOUT) -> list[subprocess.CompletedProcess]:
     """Wait for ``processes`` (from ``start``) to end, each within ``timeout`` seconds: their exit
     statuses and output, in order. Any still running when this fails is killed."""
     try:
