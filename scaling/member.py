@@ -25,6 +25,7 @@ run of one shape, so one loop can later drive several members at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -162,6 +163,4 @@ class Member:
 
 def _without_seed(config: TrainConfig) -> TrainConfig:
     """``config`` with seed 0: runs that differ only by seed share its id (``RunRecord.point_id``)."""
-    import dataclasses
-
     return dataclasses.replace(config, seed=0)
