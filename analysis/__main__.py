@@ -466,6 +466,9 @@ PATH_ARGUMENTS = ("source", "directory", "out", "save", "figure", "fit")
 
 def main(argv=None) -> int:
     """Run the CLI; returns the exit status (2 for unusable input)."""
+    from scaling.entry import prepare_process
+
+    prepare_process()  # before JAX starts its backend or a storage client
     parser = build_parser()
     args = parser.parse_args(argv)
     remote = [path for path in (getattr(args, name, None) for name in PATH_ARGUMENTS)
