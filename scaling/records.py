@@ -93,6 +93,7 @@ class RunRecord:
     data_fingerprint: str = ""
     code_version: str = ""
     tokens_per_step: int | None = None
+    # What training reached.
     steps: int = 0
     tokens: int = 0
     initial_eval_loss: float | None = None
@@ -100,9 +101,11 @@ class RunRecord:
     final_train_loss: float | None = None
     final_eval_accuracy: float | None = None
     final_eval_bits: float | None = None
+    # How long it took (wall: everything; train: the steps alone) and the model FLOP utilisation reached.
     wall_seconds: float = 0.0
     train_seconds: float | None = None
     mfu: float | None = None
+    # What the preflight expected of it (``sweeps.preflight.estimate_store``), beside the measured ``mfu``.
     estimated_step_seconds: float | None = None
     estimated_mfu: float | None = None
     estimate_source: str | None = None
