@@ -134,8 +134,7 @@ def _action(state: RunState) -> str:
 
 
 def cmd_dry_run(sweep: Sweep, args) -> int:
-    from sweeps import sweep_cost
-    from sweeps.preflight import compile_cache, estimate_store, prices
+    from sweeps.preflight import compile_cache, estimate_store, prices, sweep_cost
 
     runs, skipped, which, states = _read_share(sweep, args, allow_env=True)
     todo = [s for s in states if s.status in TO_TRAIN]
