@@ -20,6 +20,7 @@ Bad input prints one error line and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import inspect
 import csv
 import io
 import json
@@ -256,6 +257,9 @@ def cmd_plot(args) -> int:
 
 
 def cmd_curves(args) -> int:
+    """Loss curves of a run or of every run under a directory (local or gs://): train loss (solid) and eval
+    loss (dashed, markers) in nats per token against the optimizer step and against training tokens, one
+    figure per depth or per width (analysis/curves.py)."""
     from etils import epath
 
     from analysis import curves  # matplotlib only when drawing
@@ -278,6 +282,9 @@ def cmd_curves(args) -> int:
 
 
 def cmd_synthetic(args) -> int:
+    """Losses of every (depth, width, seed) from a shared power law plus a depth term that makes adjacent
+    depths cross exactly at N_tr(L) of the fit, with Gaussian seed noise (analysis/synthetic.py). `fit`
+    on the CSV should give back about the planted a and b."""
     from etils import epath
 
     from analysis.synthetic import synthetic_runs
@@ -303,6 +310,9 @@ def _noise_arg(text):
 
 
 def cmd_log_length(args) -> int:
+    """Mean ± std over seeds of test accuracy and cross-entropy (bits) per task, training setup (position
+    encoding, fixed or fresh training strings), training length and attention scaling, and the two arms
+    compared by Welch's t-test, from the run records of sweeps/configs/log_length.py."""
     from analysis import log_length
 
     print(log_length.run(args.directory, args.format, args.figure))
@@ -312,6 +322,9 @@ def cmd_log_length(args) -> int:
 
 
 def cmd_hp_transfer(args) -> int:
+    """Best peak rate per shape along the width axis (at --base-depth) and the depth axis (at --base-width)
+    per parametrization, the spread of the best rates along each axis, and the pre-registered criterion
+    of results/hp_transfer/README.md, from the run records of sweeps/configs/hp_transfer.py."""
     from analysis import hp_transfer
 
     print(hp_transfer.run(args.directory, args.json, args.figure, args.base_width, args.base_depth))
@@ -321,27 +334,46 @@ def cmd_hp_transfer(args) -> int:
 
 
 # ---------------------------------------------------------------- parser
-def _described_by_their_help(commands):
-    """``commands`` whose subcommands' ``--help`` opens with the one line the command list shows, unless
-    given a longer description."""
-    add_parser = commands.add_parser
+# The options of the commands that read a sweep (fit, plot): (flags, add_argument's keywords).
+SWEEP_OPTIONS = (
+    (["source"], dict(help="sweep directory (searched for result.json) or CSV with columns depth,width,params,"
+                           "seed,loss (optional: peak_lr,steps,lr_rule,data_fingerprint)")),
+    (["--fingerprint"], dict(help="use only runs with this data_fingerprint (prefix ok)")),
+    (["--steps"], dict(type=int, help="use only runs planned for this many steps")),
+    (["--estimate"], dict(default="crossing", choices=("crossing", "paper"),
+                          help="transition estimate to fit, save and plot: crossing (zero crossing of the loss "
+                               "difference, default) or paper (first significantly-worse size); both are printed")),
+    (["--all-rates"], dict(action="store_true",
+                           help="list every learning rate's mean loss per shape, not only the chosen one")),
+    (["--test"], dict(default="pooled", help="significance test for 'shallower is worse': pooled (default; seed "
+                                             "std pooled per depth pair) or welch; see analysis/transition.py")),
+    (["--alpha"], dict(type=float, default=0.05, help="one-sided significance level (0.05)")),
+    (["--loss-std"], dict(type=float, help="seed std in nats/token, if runs have one seed each")),
+    (["--bootstrap"], dict(type=int, default=1000,
+                           help="parametric bootstrap replicates for both estimates' 95%% intervals (1000)")),
+    (["--seed"], dict(type=int, default=0, help="random seed of the bootstrap")),
+    (["--json"], dict(action="store_true", help="print JSON")),
+)
 
-    def add_described(name, **kwargs):
-        kwargs.setdefault("description", kwargs.get("help"))
-        return add_parser(name, **kwargs)
 
-    commands.add_parser = add_described
-    return commands
+def _command(commands, name: str, run, help: str, **options):
+    """The subcommand ``name`` that calls ``run``: its ``--help`` opens with ``run``'s docstring, or with
+    the one line the command list shows (``help``) where ``run`` has none."""
+    description = inspect.cleandoc(run.__doc__) if run.__doc__ else help
+    command = commands.add_parser(name, help=help, description=description, **options)
+    command.set_defaults(run=run)
+    return command
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` argument parser."""
     parser = cli.Parser(prog=cli.prog(MODULE_FORM), description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = _described_by_their_help(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     fit_help = "fit preset (levine2020, the paper's eq. 10) or a JSON file from `fit --save`"
-    optimal = commands.add_parser("optimal", help="optimal depth and width for one or more parameter budgets")
+    optimal = _command(commands, "optimal", cmd_optimal,
+                       help="optimal depth and width for one or more parameter budgets")
     optimal.add_argument("--params", type=_params_arg, required=True, nargs="+", action="extend", metavar="N",
                          help="non-embedding budget(s) N = 12·L·d²: 175e9, 1.3B, 800M, 2T; several "
                               "(--params 125M 350M, or --params repeated) give one table")
@@ -351,9 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     optimal.add_argument("--json", action="store_true",
                          help="print JSON: an object for one budget, a list for several (a warning about "
                               "extrapolation still goes to stderr)")
-    optimal.set_defaults(run=cmd_optimal)
 
-    table = commands.add_parser("table", help="optimal shapes for a list of budgets (Table 1)")
+    table = _command(commands, "table", cmd_table, help="optimal shapes for a list of budgets (Table 1)")
     budgets = table.add_mutually_exclusive_group()
     budgets.add_argument("--preset", default=None, choices=sorted(projection.BUDGET_PRESETS),
                          help="budget list: gpt3 = the 8 GPT-3 shapes plus a 1T budget (the default)")
@@ -365,51 +396,28 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--explain", action="store_true",
                        help="list under the table how each of Table 1's printed values arises (which a, b "
                             "and rounding); the table itself says only 'same' or what differs")
-    table.set_defaults(run=cmd_table)
 
-    size = commands.add_parser("transition-size", help="N_tr(L) ± ΔN at one or more depths (eq. 9)")
+    size = _command(commands, "transition-size", cmd_transition_size,
+                    help="N_tr(L) ± ΔN at one or more depths (eq. 9)")
     size.add_argument("--depth", type=_depth_arg, nargs="+", required=True, help="depth(s) L in layers")
     size.add_argument("--fit", default="levine2020", help=fit_help)
     size.add_argument("--json", action="store_true",
                       help="print JSON (an object for one depth, a list for several)")
-    size.set_defaults(run=cmd_transition_size)
 
     sweep = cli.Parser(add_help=False)
-    sweep.add_argument("source", help="sweep directory (searched for result.json) or CSV with columns "
-                                      "depth,width,params,seed,loss (optional: peak_lr,steps,lr_rule,"
-                                      "data_fingerprint)")
-    sweep.add_argument("--fingerprint", help="use only runs with this data_fingerprint (prefix ok)")
-    sweep.add_argument("--steps", type=int, help="use only runs planned for this many steps")
-    sweep.add_argument("--estimate", default="crossing", choices=("crossing", "paper"),
-                       help="transition estimate to fit, save and plot: crossing (zero crossing of the loss "
-                            "difference, default) or paper (first significantly-worse size); both are printed")
-    sweep.add_argument("--all-rates", action="store_true",
-                       help="list every learning rate's mean loss per shape, not only the chosen one")
-    sweep.add_argument("--test", default="pooled",
-                       help="significance test for 'shallower is worse': pooled (default; seed std pooled per depth pair) or welch; "
-                            "see analysis/transition.py")
-    sweep.add_argument("--alpha", type=float, default=0.05, help="one-sided significance level (0.05)")
-    sweep.add_argument("--loss-std", type=float, help="seed std in nats/token, if runs have one seed each")
-    sweep.add_argument("--bootstrap", type=int, default=1000,
-                       help="parametric bootstrap replicates for both estimates' 95%% intervals (1000)")
-    sweep.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap")
-    sweep.add_argument("--json", action="store_true", help="print JSON")
+    for flags, options in SWEEP_OPTIONS:
+        sweep.add_argument(*flags, **options)
 
-    fit = commands.add_parser("fit", parents=[sweep], help="transition widths and the log d = a + b·L fit")
+    fit = _command(commands, "fit", cmd_fit, parents=[sweep], help="transition widths and the log d = a + b·L fit")
     fit.add_argument("--save", metavar="PATH", help="write the fit (a, b, cov) as JSON for --fit PATH")
-    fit.set_defaults(run=cmd_fit)
 
-    plot = commands.add_parser("plot", parents=[sweep], help="figures like the paper's Figs. 2-4")
+    plot = _command(commands, "plot", cmd_plot, parents=[sweep], help="figures like the paper's Figs. 2-4")
     plot.add_argument("--out", required=True, help="directory for the PNG and PDF files")
     plot.add_argument("--fit", default="levine2020", help="fit drawn when the sweep gives none of its own")
     plot.add_argument("--preset", default="gpt3", help="budgets marked on the projection figure ('' for none)")
-    plot.set_defaults(run=cmd_plot)
 
-    curves = commands.add_parser(
-        "curves", help="train and eval loss against step and tokens for each run (from metrics.jsonl)",
-        description="Loss curves of a run or of every run under a directory (local or gs://): train loss "
-                    "(solid) and eval loss (dashed, markers) in nats per token against the optimizer step and "
-                    "against training tokens, one figure per depth or per width (analysis/curves.py).")
+    curves = _command(commands, "curves", cmd_curves,
+                      help="train and eval loss against step and tokens for each run (from metrics.jsonl)")
     curves.add_argument("source", help="a run directory (holding config.json and metrics.jsonl) or a folder "
                                        "of runs, e.g. runs/smoke")
     curves.add_argument("--out", required=True, help="directory for the PNG and PDF files (made if missing)")
@@ -417,13 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one figure per depth, runs coloured by width (default), or per width")
     curves.add_argument("--log", action="store_true", help="logarithmic axes (leaves out the evaluation at step 0)")
     curves.add_argument("--json", action="store_true", help="print the runs read and the files written as JSON")
-    curves.set_defaults(run=cmd_curves)
 
-    synthetic = commands.add_parser(
-        "synthetic", help="write a synthetic sweep (CSV) whose transitions are planted at a fit's a and b",
-        description="Losses of every (depth, width, seed) from a shared power law plus a depth term that makes "
-                    "adjacent depths cross exactly at N_tr(L) of the fit, with Gaussian seed noise "
-                    "(analysis/synthetic.py). `fit` on the CSV should give back about the planted a and b.")
+    synthetic = _command(commands, "synthetic", cmd_synthetic,
+                         help="write a synthetic sweep (CSV) whose transitions are planted at a fit's a and b")
     synthetic.add_argument("--out", required=True, metavar="PATH", help="CSV file to write")
     synthetic.add_argument("--fit", default="levine2020", help="fit whose a and b are planted (" + fit_help + ")")
     synthetic.add_argument("--depths", type=cli.positive_int, nargs="+", default=[6, 12, 18, 24, 30, 36],
@@ -432,31 +436,20 @@ def build_parser() -> argparse.ArgumentParser:
     synthetic.add_argument("--noise", type=_noise_arg, default=0.004,
                            help="seed standard deviation in nats per token (0.004)")
     synthetic.add_argument("--seed", type=int, default=0, help="random seed of the noise (0)")
-    synthetic.set_defaults(run=cmd_synthetic)
 
-    length = commands.add_parser(
-        "log-length", help="FIRST/PARITY length generalisation: accuracy and bits per (task, setup, n, arm)",
-        description="Mean ± std over seeds of test accuracy and cross-entropy (bits) per task, training "
-                    "setup (position encoding, fixed or fresh training strings), training length and "
-                    "attention scaling, and the two arms compared by Welch's t-test, from the run records "
-                    "of sweeps/configs/log_length.py.")
+    length = _command(commands, "log-length", cmd_log_length,
+                      help="FIRST/PARITY length generalisation: accuracy and bits per (task, setup, n, arm)")
     length.add_argument("directory", help="sweep directory, e.g. results/log_length")
     length.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
     length.add_argument("--figure", metavar="PATH", help="also draw test accuracy vs training length (PNG/PDF)")
-    length.set_defaults(run=cmd_log_length)
 
-    transfer = commands.add_parser(
-        "hp-transfer", help="best learning rate per width and depth, per parametrization (μP, CompleteP)",
-        description="Best peak rate per shape along the width axis (at --base-depth) and the depth axis (at "
-                    "--base-width) per parametrization, the spread of the best rates along each axis, and "
-                    "the pre-registered criterion of results/hp_transfer/README.md, from the run records "
-                    "of sweeps/configs/hp_transfer.py.")
+    transfer = _command(commands, "hp-transfer", cmd_hp_transfer,
+                        help="best learning rate per width and depth, per parametrization (μP, CompleteP)")
     transfer.add_argument("directory", help="sweep directory, e.g. results/hp_transfer")
     transfer.add_argument("--base-width", type=cli.positive_int, default=64, help="width of the depth axis (64)")
     transfer.add_argument("--base-depth", type=cli.positive_int, default=2, help="depth of the width axis (2)")
     transfer.add_argument("--json", action="store_true", help="JSON instead of markdown tables")
     transfer.add_argument("--figure", metavar="PATH", help="also draw loss against peak rate (PNG/PDF)")
-    transfer.set_defaults(run=cmd_hp_transfer)
     return parser
 
 
@@ -466,6 +459,9 @@ PATH_ARGUMENTS = ("source", "directory", "out", "save", "figure", "fit")
 
 def main(argv=None) -> int:
     """Run the CLI; returns the exit status (2 for unusable input)."""
+    from scaling.entry import prepare_process
+
+    prepare_process()  # before JAX starts its backend or a storage client
     parser = build_parser()
     args = parser.parse_args(argv)
     remote = [path for path in (getattr(args, name, None) for name in PATH_ARGUMENTS)

@@ -117,24 +117,22 @@ def slow_bucket_run(proxy, run_dir: str, delay_s: float) -> dict:
                          keep_checkpoints=3, wandb_mode="disabled", name="slow-bucket")
     config = dataclasses.replace(config, eval_at_start=False)
     times = {}
-    advance, loop = Tracker.advance, train.Training.train
+    advance, end_steps = Tracker.advance, train.Training.end_steps
 
     def first_advance(self, steps=1):
         times.setdefault("first_step", time.perf_counter())
         return advance(self, steps)
 
-    def timed_loop(self):
-        try:
-            return loop(self)
-        finally:
-            times["loop_end"] = time.perf_counter()
+    def timed_end_of_steps(self):  # the training clock stops: after the last step's metrics were fetched
+        times.setdefault("loop_end", time.perf_counter())
+        return end_steps(self)
 
-    Tracker.advance, train.Training.train = first_advance, timed_loop
+    Tracker.advance, train.Training.end_steps = first_advance, timed_end_of_steps
     proxy.delay, requests = delay_s, len(proxy.requests)
     try:
         record = train.run(config, run_dir, show_progress=False)
     finally:
-        Tracker.advance, train.Training.train, proxy.delay = advance, loop, 0.0
+        Tracker.advance, train.Training.end_steps, proxy.delay = advance, end_steps, 0.0
     return {"step_s": (times["loop_end"] - times["first_step"]) / (config.steps - 1), "wall_s": record.wall_seconds,
             "requests": len(proxy.requests) - requests}
 

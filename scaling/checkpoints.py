@@ -45,41 +45,13 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from scaling import leased_commit
+from scaling import leased_commit, multihost, settings
 from scaling.rundir import one_line
 from scaling.storage import move_folder, write_atomic
 
 
 WRITE_TIMEOUT_SECONDS = 600.0
 _abandoned: list[str] = []  # directories with a write given up on, in this process
-
-
-def _process_zero_list(steps: list[int]) -> list[int]:
-    """Process 0's list of steps, on every process (hosts may list a bucket at different moments)."""
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    count = int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(len(steps)))))
-    padded = np.full(max(count, 1), -1, np.int64)
-    padded[:min(count, len(steps))] = steps[:count]
-    return [int(s) for s in np.asarray(multihost_utils.broadcast_one_to_all(padded))[:count]]
-
-
-def _all_processes(flag: bool) -> list[bool]:
-    """``flag`` of every process, by process index (just ``[flag]`` with one process)."""
-    if jax.process_count() == 1:
-        return [flag]
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.int32(flag))).ravel()]
-
-
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
 
 
 class CheckpointError(RuntimeError):
@@ -112,11 +84,7 @@ def exit_now_if_abandoned(code: int) -> int:
 
 def default_write_timeout() -> float:
     """``SCALING_CHECKPOINT_TIMEOUT_SECONDS`` if set, else ``WRITE_TIMEOUT_SECONDS`` (seconds)."""
-    text = os.environ.get("SCALING_CHECKPOINT_TIMEOUT_SECONDS")
-    try:
-        return float(text) if text else WRITE_TIMEOUT_SECONDS
-    except ValueError:
-        raise CheckpointError(f"SCALING_CHECKPOINT_TIMEOUT_SECONDS={text!r}: expected a number of seconds") from None
+    return settings.seconds("SCALING_CHECKPOINT_TIMEOUT_SECONDS", WRITE_TIMEOUT_SECONDS)
 
 
 class Checkpoints:
@@ -180,8 +148,7 @@ class Checkpoints:
         """
         self.manager.reload()
         steps = sorted(self.manager.all_steps(), reverse=True)
-        if jax.process_count() > 1:
-            steps = _process_zero_list(steps)
+        steps = multihost.broadcast_ints_from_process_0(steps)  # hosts may list a bucket at different moments
         found, damaged = None, []
         for step in steps:
             error = None
@@ -194,7 +161,7 @@ class Checkpoints:
                 if self._unraisable_hook is None:
                     self._quiet_failed_reads()
                 gc.collect()  # the abandoned read tasks report here, while their noise is filtered
-            readers = _all_processes(error is None)
+            readers = [bool(ok) for ok in multihost.gather(error is None)]
             if readers[0] and all(readers):
                 break
             if readers[0]:  # process 0 read it whole: not damaged, but this host could not read it
@@ -206,10 +173,10 @@ class Checkpoints:
             damaged.append(step)
             found = None
         if damaged:
-            _barrier("checkpoints-read")  # no process still reading what is moved
+            multihost.barrier("checkpoints-read")  # no process still reading what is moved
             for step in damaged:
                 self._set_aside(step)
-            _barrier("checkpoints-set-aside")
+            multihost.barrier("checkpoints-set-aside")
             self.manager.reload()
         return found
 

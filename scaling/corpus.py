@@ -371,6 +371,9 @@ def build_corpus_file(sources_dir: pathlib.Path, out_path: pathlib.Path = CORPUS
 def main(argv=None) -> None:
     """``python -m scaling.corpus SOURCES_DIR`` rebuilds the built-in corpus file;
     ``python -m scaling.corpus build ...`` builds a larger corpus (``scaling.corpus_build``)."""
+    from scaling.entry import prepare_process
+
+    prepare_process()  # before JAX starts its backend or a storage client
     import sys
 
     argv = sys.argv[1:] if argv is None else list(argv)

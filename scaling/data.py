@@ -455,6 +455,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     """Entry point of ``python -m scaling.data``."""
+    from scaling.entry import prepare_process
+
+    prepare_process()  # before JAX starts its backend or a storage client
     args = _parser().parse_args(argv)
     try:
         config = _config_from_args(args)

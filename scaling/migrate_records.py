@@ -119,6 +119,9 @@ def migrate(root, *, write: bool = True) -> tuple[collections.Counter, list[str]
 
 def main(argv=None) -> int:
     """Run the command line; returns 0 when every record is current afterwards, 1 otherwise, 2 for no records."""
+    from scaling.entry import prepare_process
+
+    prepare_process()  # before JAX starts its backend or a storage client
     parser = cli.Parser(
         prog="python -m scaling.migrate_records",
         description=f"Rewrite the run records (result.json) under each DIR at schema version "

@@ -47,7 +47,7 @@ def skip_absent_tpu(environ=os.environ) -> bool:
     its environment then), its config is updated too.
     """
     if "JAX_PLATFORMS" in environ or importlib.util.find_spec("libtpu") is None:
-        return False  # the cheap checks first: this runs on every import of the package
+        return False  # the cheap checks first: every command line starts with this
     if not cpu_only(environ, True, tpu_chips(), any(os.path.exists(path) for path in GPU_DEVICE_FILES)):
         return False
     environ["JAX_PLATFORMS"] = "cpu"

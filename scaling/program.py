@@ -227,11 +227,6 @@ def _eval_step(shape: ProgramShape, model: Transformer) -> Callable:
     return eval_step
 
 
-def evaluate(program: Program, params, batches: list, batch_size: int) -> float:
-    """Mean loss in nats per predicted token over fixed validation ``batches``."""
-    return evaluate_metrics(program, params, batches, batch_size)["loss"]
-
-
 def evaluate_metrics(program: Program, params, batches: list, batch_size: int) -> dict:
     """``loss``: mean nats per predicted token; ``accuracy``: fraction of predictions correct
     (meaningful for classification tasks, whose eval step counts correct labels; 0 otherwise)."""

@@ -64,8 +64,9 @@ class RunRecord:
     trainer's model FLOP utilisation over ``train_seconds``
     (``scaling.flops.model_flops_utilization``); ``estimated_step_seconds`` and
     ``estimated_mfu`` what the preflight expected of the run on the slice
-    ``estimate_source`` names (None when no preflight estimate was kept;
-    ``sweeps.estimate_store``). All four are None in records written before them. ``point_id`` is the run id of the
+    ``estimate_source`` names ("" when no preflight estimate was kept, like
+    ``data_fingerprint`` and ``code_version``; ``sweeps.preflight.estimate_store``). The three numbers are
+    None, and the source "", in records written before them. ``point_id`` is the run id of the
     same config with the seed left out: runs that share it differ only by
     seed, so the analysis may pool them. ``peak_lr`` is the config's peak
     learning rate (``lr_rule`` scales it per width: the config's
@@ -93,6 +94,7 @@ class RunRecord:
     data_fingerprint: str = ""
     code_version: str = ""
     tokens_per_step: int | None = None
+    # What training reached: steps and tokens, then losses in nats per token (accuracy and bits: classification).
     steps: int = 0
     tokens: int = 0
     initial_eval_loss: float | None = None
@@ -100,12 +102,14 @@ class RunRecord:
     final_train_loss: float | None = None
     final_eval_accuracy: float | None = None
     final_eval_bits: float | None = None
+    # How long it took (wall: everything; train: the steps alone) and the model FLOP utilisation reached.
     wall_seconds: float = 0.0
     train_seconds: float | None = None
     mfu: float | None = None
+    # What the preflight expected of it (``sweeps.preflight.estimate_store``), beside the measured ``mfu``.
     estimated_step_seconds: float | None = None
     estimated_mfu: float | None = None
-    estimate_source: str | None = None
+    estimate_source: str = ""
     wandb_id: str | None = None
     error: str | None = None
     log_file: str | None = None
@@ -144,8 +148,8 @@ class RunRecord:
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                           and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value!r} is invalid: allowed a finite number > 0 or null")
-        if self.estimate_source is not None and not isinstance(self.estimate_source, str):
-            raise ValueError(f"estimate_source={self.estimate_source!r} is invalid: allowed a string or null")
+        if not isinstance(self.estimate_source, str):
+            raise ValueError(f"estimate_source={self.estimate_source!r} is invalid: allowed a string")
         if self.status == "finished":
             loss = self.final_eval_loss
             if loss is None or not math.isfinite(loss) or loss < 0:

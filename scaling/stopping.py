@@ -27,10 +27,7 @@ import signal
 import threading
 import time
 
-import jax
-import numpy as np
-
-from scaling.checkpoints import WriteAbandoned
+from scaling import multihost, settings
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the sweep relaunch loop keys on it
 STOP_GRACE_SECONDS = 25.0  # within a preempted TPU VM's ~30 s notice and SLURM's default KillWait of 30 s
@@ -39,11 +36,7 @@ STOP_GRACE_SECONDS = 25.0  # within a preempted TPU VM's ~30 s notice and SLURM'
 def stop_grace_seconds() -> float:
     """Seconds a process may take to end after SIGTERM: ``SCALING_STOP_GRACE_SECONDS`` if set (0 or less: no
     limit), else ``STOP_GRACE_SECONDS``."""
-    text = os.environ.get("SCALING_STOP_GRACE_SECONDS")
-    try:
-        return float(text) if text else STOP_GRACE_SECONDS
-    except ValueError:
-        raise ValueError(f"SCALING_STOP_GRACE_SECONDS={text!r}: expected a number of seconds") from None
+    return settings.seconds("SCALING_STOP_GRACE_SECONDS", STOP_GRACE_SECONDS)
 
 
 class Preempted(Exception):
@@ -159,26 +152,11 @@ class Stop:
     def any_process(self) -> bool:
         """True on every process if any was asked to stop (one transfer with several processes);
         for moments every process reaches together, such as the end of a run."""
-        if jax.process_count() == 1:
-            return self.requested
-        from jax.experimental import multihost_utils
-
-        return bool(np.asarray(multihost_utils.process_allgather(np.int32(self.requested))).any())
+        return multihost.any_process(self.requested)
 
     def preempted(self, when: str) -> Preempted:
         """The ``Preempted`` to raise: ``"stopped by SIGTERM <when>"``."""
         return Preempted(f"stopped by {self.signal or 'SIGTERM'} {when}")
-
-    @contextlib.contextmanager
-    def write_abandoned_means_stop(self):
-        """A checkpoint write given up on because a stop arrived while it hung becomes ``Preempted``."""
-        try:
-            yield
-        except WriteAbandoned as error:
-            if not error.stopped:
-                raise
-            raise self.preempted(f"while waiting for a write that storage did not finish ({error}); resumes "
-                                 "from the previous checkpoint") from None
 
 
 class StopCheck:
@@ -212,21 +190,18 @@ class StopCheck:
 
     def due(self, step: int) -> bool:
         """True when ``step`` is a check step (always with one process)."""
-        return jax.process_count() == 1 or step >= self.next_step
+        return multihost.process_count() == 1 or step >= self.next_step
 
     def agree(self, flag: bool, step: int) -> bool:
         """True on every process if any process saw SIGTERM; with several processes, call only when ``due``."""
-        if jax.process_count() == 1:
+        if multihost.process_count() == 1:
             return flag
-        from jax.experimental import multihost_utils
-
         now = time.perf_counter()
         proposal = 1  # nothing measured yet
         if step > self._last_step:
             seconds_per_step = max((now - self._last_time) / (step - self._last_step), 1e-6)
             proposal = int(min(max(self.CHECK_SECONDS / seconds_per_step, 1), self.MAX_INTERVAL))
-        shared = np.asarray(multihost_utils.process_allgather(np.array([int(flag), proposal], np.int32)))
-        shared = shared.reshape(-1, 2)
+        shared = multihost.gather([int(flag), proposal])  # (processes, 2)
         self.next_step = step + int(shared[:, 1].min())
         self._last_step, self._last_time = step, now
         return bool(shared[:, 0].any())

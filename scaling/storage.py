@@ -26,9 +26,9 @@ here, to what the others read:
   imported) and registering ``gcsfs.core.GCSFileSystem`` for ``gs``/``gcs``
   (for a gcsfs imported already) both turn that off.
 
-Importing ``scaling`` calls ``use_emulator`` once; it changes nothing unless
-``STORAGE_EMULATOR_HOST`` is set. A process that sets the variable later
-(the test fixture) calls it again.
+Every command line calls ``use_emulator`` first (``entry.py``; importing
+``scaling`` does not); it changes nothing unless ``STORAGE_EMULATOR_HOST``
+is set. A process that sets the variable later (the test fixture) calls it again.
 
 Every command line that takes a ``gs://`` path first calls ``check_access``:
 one listing request per bucket with a timeout of seconds and no retries, so an

@@ -1,16 +1,23 @@
 """Train one model: a run's life cycle, and the training loop with its periodic work as hooks.
 
 Read top to bottom (the compiled step is in ``program.py``, the optimizer in
-``optim.py``, stopping in ``stopping.py``):
-1. ``run``: the run's life cycle. It opens the run's resources once each
-   (the lease, the checkpoints, the tracker: metrics file and wandb),
+``optim.py``, stopping in ``stopping.py``, a run's own resources and its
+one ending in ``member.py`` and ``ending.py``):
+1. ``run``: the run's life cycle. It takes the run's lease, reads the data
+   and resolves the config (the model's vocabulary is the tokenizer's)
+   before the run's record is filled in, opens the run's resources once each
+   (``member.Member``: the checkpoints, the tracker: metrics file and wandb),
    restores the newest checkpoint that reads back whole (parameters,
    optimizer, step; the data position and the per-step RNG are pure
    functions of (seed, step), and the wandb id is in the checkpoint's
-   metadata), trains, and writes the run record (``records.py``).
-2. ``Training``: the loop. After every step it runs the periodic work as
-   hooks on the step count (``Hook``: log, evaluate, check the lease,
-   checkpoint, check for a stop), then evaluates and checkpoints the last step.
+   metadata), trains, and ends the run in one place (``Member.ending``:
+   its record, ``records.py``, and its exit codes, ``ending.py``).
+2. ``Training``: the loop. After every step but the last it runs the
+   periodic work as hooks on the step count (``Hook``: log, evaluate, check
+   the lease, checkpoint, check for a stop); ``Training.end`` alone decides
+   what happens after the loop (the last step's log, lease and stop check,
+   the final evaluation and checkpoint). The loop shares its program and
+   data with nothing run-specific, so it can later drive several members.
 
 Guarantees:
 - A step whose loss or gradient norm is not finite is not applied, so
@@ -24,7 +31,7 @@ Guarantees:
   the newest that reads back whole, exactly as if it had not been interrupted.
 - A run whose lease another process took over stops without writing to it.
 - With several processes (pod-wide), all agree on the run's state: process
-  0's reading of the record, and one step at which all stop.
+  0's reading of the record, and one step at which all stop (``multihost.py``).
 - A checkpoint write that storage does not finish within its deadline fails
   the run with one line (``checkpoints.py``); any other error records the run
   as ``failed``, with the traceback in ``error.log``, and is re-raised.
@@ -37,7 +44,8 @@ Guarantees:
   background save that failed fails the run at the next step, with one line.
 
 The command line tunes glibc's allocator for XLA:CPU (``cpu_allocator.py``)
-before JAX starts; importing this module changes nothing process-wide.
+and prepares the process (``entry.py``) before JAX starts; importing this
+module changes nothing process-wide.
 
 Command line: ``python -m scaling.train --help`` (``train_cli.py``); ``eval`` and ``sample`` use a
 trained run (``scaling.evaluate``, ``scaling.generate``).
@@ -56,39 +64,31 @@ if __name__ == "__main__":
 
 import contextlib
 import dataclasses
-import json
 import math
 import sys
 import time
 from typing import Callable, NamedTuple
 
 import jax
-import numpy as np
 from etils import epath
 
-from scaling import budget, data, lease as lease_lib, mesh as mesh_lib, optim as optim_lib, record_checks
-from scaling import hardware, records, rundir
+from scaling import data, hardware, lease as lease_lib, mesh as mesh_lib, multihost, record_checks, records
+from scaling import rundir
 from scaling.background_save import BackgroundSaver
-from scaling.checkpoints import CheckpointError, Checkpoints, abandoned_writes
-from scaling.config import TrainConfig, config_id, to_dict
+from scaling.checkpoints import Checkpoints, abandoned_writes
+from scaling.config import TrainConfig, config_id
+from scaling.ending import AlreadyFinished  # noqa: F401 - raised by run; the launcher catches it as train's
 from scaling.flops import model_flops_utilization
-from scaling.program import Program, build, evaluate, evaluate_metrics, hyperparameters
-from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
-from scaling.storage import is_remote, write_atomic
-from scaling.track import Tracker, new_wandb_id
+from scaling.member import Member
+from scaling.program import Program, build, evaluate_metrics, hyperparameters
+from scaling.stopping import Stop
+from scaling.storage import is_remote
+from scaling.track import new_wandb_id
 from scaling.train_cli import PRESETS, load_config, main  # noqa: F401 - the command line's names, kept here
 
 
 # ---------------------------------------------------------------------------
 # The run's life cycle
-
-
-class AlreadyFinished(Exception):
-    """The run had finished before this call took its lease (``run(..., raise_if_finished=True)``)."""
-
-    def __init__(self, record: records.RunRecord):
-        super().__init__(f"run {record.run_id} had already finished")
-        self.record = record
 
 
 def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None,
@@ -108,54 +108,40 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
     run, ``lease.RunBusy`` if another live process is training it,
     ``Preempted`` after SIGTERM or Ctrl-C (a checkpoint of the current step is
     saved first) and ``LeaseLost`` if another process took the run over. Any
-    other error is recorded as status ``failed`` (traceback in ``error.log``) and re-raised.
+    other error is recorded as status ``failed`` (traceback in ``error.log``) and re-raised
+    (``ending.py`` maps each to the record's status and the exit codes).
     """
     run_dir = rundir.absolute_path(workdir)
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.check_run_dir(run_dir, config)
     stop = Stop() if stop is None else stop
-    with contextlib.ExitStack() as resources:
-        # Listen from the start: a preemption while the data loads or the step compiles stops the run too;
-        # and first, so that the stop's grace period (stopping.py) also bounds releasing the lease.
-        resources.enter_context(stop.listening())
-        run_lease = resources.enter_context(_run_lease(run_dir))
+    # Listen from the start: a preemption while the data loads or the step compiles stops the run too;
+    # and first, so that the stop's grace period (stopping.py) also bounds releasing the lease.
+    with stop.listening(), _run_lease(run_dir) as run_lease:
         finished = _finished_record(run_dir, config_id(config))
         if finished is not None:
             if raise_if_finished:
                 raise AlreadyFinished(finished)
             return finished
-        resources.enter_context(stop.watching(run_lease))
-        started = time.perf_counter()  # wall seconds: the whole run, loading the data included
-        outcome = resources.enter_context(
-            Outcome(run_dir, _new_record(config, run_dir).replace(**(estimate or {})), stop).recorded())
-        pipeline = data.build(config.data)
-        outcome.record = outcome.record.replace(data_fingerprint=pipeline.fingerprint)
-        config = resolve_config(config, pipeline)
-        # The record was begun from the user's config; its parameter counts follow the tokenizer's vocabulary.
-        outcome.record = outcome.record.replace(**_param_counts(config))
-        program = _program_for(config, pipeline, devices)
-        checkpoints = Checkpoints(run_dir / "checkpoints", config.keep_checkpoints, program.abstract_state,
-                                  should_stop=lambda: stop.requested, lease=run_lease)
-        resources.callback(checkpoints.close)
-        start = _restore_or_init(checkpoints, program, config.seed, run_dir.name)
-        tracker = resources.enter_context(_closed_on_error(_open_tracker(config, run_dir, start, show_progress),
-                                                           stop))
-        training = Training(Parts(config, program, pipeline, checkpoints, tracker, stop), start, started)
-        resources.callback(training.close)
-        training.train()
-        record = training.finish(outcome.record)
-        stop.check_lease(read_now=True)
-        tracker.summary({"final_eval_loss": record.final_eval_loss, "status": record.status})
-        tracker.close(exit_code=0 if record.status == "finished" else 1)
-        outcome.write(record)
-        return record
+        with stop.watching(run_lease), Member(run_dir, config, run_lease, stop, estimate).ending() as member:
+            pipeline = data.build(config.data)
+            resolved = resolve_config(config, pipeline)  # before the record is filled in: its counts follow it
+            member.begin(resolved, pipeline.fingerprint)
+            program = _program_for(resolved, pipeline, devices)
+            checkpoints = member.open_checkpoints(program.abstract_state)
+            start = _restore_or_init(checkpoints, program, resolved.seed, run_dir.name)
+            member.open_tracker(start.step, start.meta, start.resumed, show_progress)
+            training = Training(resolved, program, pipeline, member, start)
+            member.on_close(training.close)
+            status, fields = training.train()
+            return member.conclude(status, **fields)
 
 
 @contextlib.contextmanager
 def _run_lease(run_dir: epath.Path):
     """The run's lease, held while inside. None with several processes: pod-wide jobs agree through the
     launcher instead, since only process 0 could hold a lease."""
-    if jax.process_count() > 1:
+    if multihost.process_count() > 1:
         yield None
         return
     run_lease = lease_lib.Lease(run_dir).acquire()
@@ -175,75 +161,16 @@ def _finished_record(run_dir: epath.Path, run_id: str) -> records.RunRecord | No
         print(f"warning: {error}; training the run again (resuming from its checkpoints)", file=sys.stderr)
         previous = None
     finished = previous is not None and previous.status == "finished"
-    if jax.process_count() > 1:  # hosts may see the record at different times; process 0's view counts
-        from jax.experimental import multihost_utils
-
-        agreed = bool(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(finished))))
-        if agreed and not finished:
-            raise RuntimeError(f"process 0 reports run {run_dir.name} finished, but this host cannot read "
-                               "its result.json yet")
-        finished = agreed
-    return previous if finished else None
-
-
-def _new_record(config: TrainConfig, run_dir: epath.Path) -> records.RunRecord:
-    """The record of a run about to train (status ``running``); writes its ``config.json``."""
-    if jax.process_index() == 0:
-        write_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2, sort_keys=True))
-    return records.RunRecord(
-        run_id=config_id(config), status="running", depth=config.model.depth, width=config.model.width,
-        seed=config.seed, params_non_embedding=budget.non_embedding_params(config.model.depth, config.model.width),
-        name=config.name, sweep=config.sweep_name, point_id=config_id(dataclasses.replace(config, seed=0)),
-        heads=config.model.heads, **_param_counts(config),
-        lr_rule=optim_lib.rule_name(config.optim), peak_lr=config.optim.peak_lr,
-        peak_lr_hidden=optim_lib.learning_rates(config.optim, config.model)["hidden"],
-        code_version=rundir.code_version(), tokens_per_step=config.batch_size * config.data.seq_len,
-        planned_steps=config.steps)
-
-
-def _param_counts(config: TrainConfig) -> dict:
-    """The record's exact parameter counts of ``config``'s model (total and embedding tables)."""
-    counts = budget.count_params(config.model)
-    return {"params_total": counts["total"], "params_embedding": counts["embedding"]}
-
-
-@dataclasses.dataclass
-class Outcome:
-    """The run's record as it becomes known (written by process 0 only)."""
-
-    run_dir: epath.Path
-    record: records.RunRecord
-    stop: Stop
-
-    @contextlib.contextmanager
-    def recorded(self):
-        """Record a run that ends by an exception: ``stopped`` (resumable) after ``Preempted``, nothing
-        once the lease is lost (the run is another process's now), else ``failed`` with ``error.log``."""
-        try:
-            yield self
-        except Preempted as stopped:
-            self.write(self.record.replace(status="stopped", error=str(stopped)))
-            raise
-        except BaseException as error:
-            if not (isinstance(error, LeaseLost) or self.stop.lease_lost):
-                log_file = rundir.log_failure(self.run_dir, error) if jax.process_index() == 0 else None
-                # For the command line's one line: the traceback's file, only if it was written.
-                error.error_log = str(self.run_dir / log_file) if log_file else None
-                try:
-                    self.write(self.record.replace(status="failed", error=rundir.one_line(error), log_file=log_file))
-                except Exception:  # noqa: BLE001 - a directory that takes no record must not hide the first error
-                    pass
-            raise
-
-    def write(self, record: records.RunRecord) -> None:
-        """Keep ``record`` and write it as the run's ``result.json``."""
-        self.record = record
-        if jax.process_index() == 0:
-            records.write_record(self.run_dir, record)
+    agreed = multihost.broadcast_from_process_0(finished)  # hosts may see the record at different times
+    if agreed and not finished:
+        raise RuntimeError(f"process 0 reports run {run_dir.name} finished, but this host cannot read "
+                           "its result.json yet")
+    return previous if agreed else None
 
 
 def resolve_config(config: TrainConfig, pipeline) -> TrainConfig:
-    """Make the model's vocabulary match the tokenizer's."""
+    """``config`` with the model's vocabulary made the tokenizer's (the user's config is left as it is:
+    the run id and ``config.json`` are the user's)."""
     if config.model.vocab_size != pipeline.vocab_size:
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=pipeline.vocab_size))
     return config
@@ -278,70 +205,37 @@ def _restore_or_init(checkpoints: Checkpoints, program: Program, seed: int, name
     return Start(program.init(jax.random.PRNGKey(seed)), meta, 0, resumed=False)
 
 
-def _open_tracker(config: TrainConfig, run_dir: epath.Path, start: Start, show_progress: bool) -> Tracker:
-    # Rows past the restored step were logged by a segment whose later state is lost; they are redone.
-    return Tracker(run_dir, total_steps=config.steps, start_step=start.step, config=to_dict(config),
-                   name=config.name or run_dir.name, group=config.sweep_name, project=config.wandb_project,
-                   mode=config.wandb_mode, wandb_id=start.meta["wandb_id"], is_main_process=jax.process_index() == 0,
-                   show_progress=show_progress, keep_until_step=start.step if start.resumed else None)
-
-
-@contextlib.contextmanager
-def _closed_on_error(tracker: Tracker, stop: Stop):
-    """Close ``tracker`` if the block raises (exit code ``PREEMPTED_EXIT_CODE`` after a stop, else 1);
-    after a lost lease without writing what is pending, since the run's files are another's now."""
-    try:
-        yield tracker
-    except BaseException as error:
-        if isinstance(error, LeaseLost) or stop.lease_lost:
-            tracker.discard_pending()
-        tracker.close(exit_code=PREEMPTED_EXIT_CODE if isinstance(error, Preempted) else 1)
-        raise
-
-
 # ---------------------------------------------------------------------------
 # The loop
 
 
-class Parts(NamedTuple):
-    """What a run segment trains with, each opened once by ``run``."""
-
-    config: TrainConfig  # its vocabulary resolved to the pipeline's
-    program: Program
-    pipeline: data.Pipeline
-    checkpoints: Checkpoints
-    tracker: Tracker
-    stop: Stop
-
-
 @dataclasses.dataclass(frozen=True)
 class Hook:
-    """Work between steps: ``callback(steps done)`` every ``every`` steps (never if 0); after the last
-    step only if ``at_end`` (the end has its own evaluation and checkpoint)."""
+    """Periodic work between steps: ``callback(steps done)`` every ``every`` steps (never if 0). Not after
+    the last step: what happens then is ``Training.end``'s alone."""
 
     every: int
     callback: Callable[[int], None]
-    at_end: bool = False
 
-    def due(self, done: int, last: int) -> bool:
-        """Whether to run after ``done`` steps of ``last``."""
-        if done == last:
-            return self.at_end
+    def due(self, done: int) -> bool:
+        """Whether to run after ``done`` steps (not the last)."""
         return self.every > 0 and done % self.every == 0
 
 
 class Training:
-    """One run segment: the steps from ``start`` to the last, with ``hooks`` between them; then ``finish``."""
+    """One run segment of ``member``: the steps from ``start`` to the last, with ``hooks`` between them;
+    then ``end``. ``config`` is the resolved one (its vocabulary is the pipeline's)."""
 
-    def __init__(self, parts: Parts, start: Start, started: float):
-        self.parts, self.state, self.meta, self.start_step = parts, start.state, start.meta, start.step
-        config, pipeline = parts.config, parts.pipeline
-        self.hparams = jax.device_put(hyperparameters(config), mesh_lib.replicated(parts.program.mesh))
+    def __init__(self, config: TrainConfig, program: Program, pipeline: data.Pipeline, member: Member, start: Start):
+        self.config, self.program, self.pipeline, self.member = config, program, pipeline, member
+        self.stop, self.checkpoints, self.tracker = member.stop, member.checkpoints, member.tracker
+        self.state, self.meta, self.start_step = start.state, start.meta, start.step
+        self.hparams = jax.device_put(hyperparameters(config), mesh_lib.replicated(program.mesh))
         self.validation = pipeline.validation_batches(config.batch_size, config.eval_batches, jax.process_index(),
                                                       jax.process_count())
         # Classification rows are padded to their split's longest string, not to seq_len.
         self.row_length = pipeline.row_length("train") if pipeline.kind == "classification" else config.data.seq_len
-        self.started, self.earlier_seconds = started, float(start.meta.get("wall_seconds", 0.0))
+        self.earlier_seconds = float(start.meta.get("wall_seconds", 0.0))
         # Training seconds (records.RunRecord.train_seconds): from the end of the first step's compilation
         # to the last step. Checkpoints written before they were counted hold none: they count from here.
         self.earlier_train_seconds = float(start.meta.get("train_seconds", 0.0))
@@ -349,73 +243,130 @@ class Training:
         self.steps_ended: float | None = None
         self.status, self.eval_loss, self.saved_step = "finished", None, None
         # A resume at the last step trains nothing: its training loss is the one logged before.
-        self.last_loss = parts.tracker.pending(start.step).get("loss")
+        self.last_loss = self.tracker.pending(start.step).get("loss")
         self.pending: list = []  # (step, metrics still on the device) since the last log
         self.window_start, self.window_steps = time.perf_counter(), 0  # of the speed measurement
         # On object stores periodic checkpoints are saved behind the loop (background_save.py); on local disks
         # orbax's own asynchronous write is quick. Not with several processes: a save is collective there,
         # and processes must not skip different steps.
-        behind = is_remote(str(parts.checkpoints.directory)) and jax.process_count() == 1
+        behind = is_remote(str(self.checkpoints.directory)) and multihost.process_count() == 1
         self.saver = BackgroundSaver(self.write_checkpoint) if behind else None
 
     @property
     def tokens_per_step(self) -> int:
-        return self.parts.config.batch_size * self.row_length
+        return self.config.batch_size * self.row_length
 
     def hooks(self) -> list[Hook]:
         """The periodic work, in the order it runs after a step."""
-        config = self.parts.config
-        return [Hook(config.log_every, self.log, at_end=True),
+        config = self.config
+        return [Hook(config.log_every, self.log),
                 Hook(config.checkpoint_every, self.log),  # a checkpoint only ever follows steps found finite
                 Hook(config.eval_every, self.evaluate),
-                Hook(1, self.check_lease, at_end=True),
+                Hook(1, self.check_lease),
                 Hook(config.checkpoint_every, self.checkpoint),
-                Hook(1, self.check_stop, at_end=True)]
+                Hook(1, self.check_stop)]
 
-    def train(self) -> None:
-        """Train from the start step to the last, running the hooks after each step; stop early on divergence."""
-        config, program, stop = self.parts.config, self.parts.program, self.parts.stop
-        if self.meta.get("initial_eval_loss") is None and config.eval_at_start:
+    def train(self) -> tuple[str, dict]:
+        """Train from the start step to the last, then end (``end``): the run's status and its record's fields."""
+        if self.meta.get("initial_eval_loss") is None and self.config.eval_at_start:
             self.meta["initial_eval_loss"] = self.evaluate(self.start_step)
-        stop.start(self.start_step)
-        if stop.agreed(self.start_step):  # a stop while the data loaded or the step compiled
-            raise stop.preempted(f"before training resumed at step {self.start_step}")
-        hooks, self.window_start = self.hooks(), time.perf_counter()
-        iterator = self.parts.pipeline.train_iterator(config.seed, self.start_step, config.batch_size,
-                                                      jax.process_index(), jax.process_count())
-        with contextlib.closing(iterator), self.timing_steps():
+        self.stop.start(self.start_step)
+        if self.stop.agreed(self.start_step):  # a stop while the data loaded or the step compiled
+            raise self.stop.preempted(f"before training resumed at step {self.start_step}")
+        try:
+            return self.end(self.steps())
+        finally:
+            self.end_steps()  # (when training ended by an exception; else end did it)
+
+    def steps(self) -> int | None:
+        """The loop: train to the last step, running the hooks after each other step; stop early on
+        divergence. Returns the number of steps done at the end (None if this segment trained none)."""
+        config, program = self.config, self.program
+        hooks, self.window_start, done = self.hooks(), time.perf_counter(), None
+        iterator = self.pipeline.train_iterator(config.seed, self.start_step, config.batch_size,
+                                                jax.process_index(), jax.process_count())
+        with contextlib.closing(iterator):
             for step, local_batch in iterator:
                 if step >= config.steps:
-                    return
+                    return done
                 batch = mesh_lib.global_batch(local_batch, program.mesh, config.batch_size)
                 self.state, metrics = program.train_step(self.state, batch, self.hparams)
                 if self.steps_started is None:  # the first call compiled the step (or found it compiled)
                     self.steps_started = time.perf_counter()
                 self.pending.append((step, metrics))
                 self.window_steps += 1
-                self.parts.tracker.advance()  # the first call comes after compilation, so the ETA excludes it
+                self.tracker.advance()  # the first call comes after compilation, so the ETA excludes it
                 done = step + 1
+                if done == config.steps:
+                    return done
                 for hook in hooks:
-                    if hook.due(done, config.steps):
+                    if hook.due(done):
                         hook.callback(done)
                     if self.status == "diverged":
-                        return
+                        return done
+        return done
 
-    @contextlib.contextmanager
-    def timing_steps(self):
-        """Around the loop: when it ends (last step, divergence or a stop), the training clock stops and
-        the progress display prints its final line, so both show the steps' time alone."""
-        try:
-            yield
-        finally:
+    def end(self, done: int | None) -> tuple[str, dict]:
+        """Everything after the loop, decided here alone, in order: after a last step trained in this
+        segment, its log (not finite: ``diverged``), the lease and a stop (``Preempted`` once its checkpoint
+        is saved); the training clock stops; unless diverged, the final evaluation and the last checkpoint
+        (an evaluation not finite: ``diverged``); the checkpoint writes waited for. Returns the status and
+        the record's fields."""
+        if done == self.config.steps:
+            self.log(done)
+            if self.status != "diverged":
+                self.check_lease(done)
+                self.check_stop(done)
+        self.end_steps()
+        steps_done = int(jax.device_get(self.state["step"]))
+        accuracy = self.final_evaluation(steps_done) if self.status == "finished" else {}
+        self.settle_checkpoints()  # a diverged run keeps the checkpoints it saved before
+        self.wait_for_writes()
+        return self.status, dict(
+            final_eval_loss=self.eval_loss if self.status == "finished" else None,
+            initial_eval_loss=self.meta["initial_eval_loss"], final_train_loss=self.last_loss, steps=steps_done,
+            tokens=steps_done * self.tokens_per_step, tokens_per_step=self.tokens_per_step,
+            wall_seconds=self.wall_seconds(), train_seconds=self.train_seconds(), wandb_id=self.tracker.wandb_id,
+            mfu=self.measured_mfu(steps_done), **accuracy)
+
+    def measured_mfu(self, steps_done: int) -> float | None:
+        """The trainer's MFU over the whole run: its tokens over ``train_seconds`` (None before any step)."""
+        seconds = self.train_seconds()
+        if not steps_done or not seconds:
+            return None
+        peak = hardware.mfu_peak_flops(self.config.peak_flops, self.config.model.compute_dtype)
+        return model_flops_utilization(self.config.model, self.row_length, steps_done * self.tokens_per_step / seconds,
+                                       peak, jax.device_count())
+
+    def final_evaluation(self, steps_done: int) -> dict:
+        """Evaluate and checkpoint the last step; the record's accuracy fields (classification), or
+        ``diverged`` if the loss is not finite."""
+        final = evaluate_metrics(self.program, self.state["params"], self.validation, self.config.batch_size)
+        self.eval_loss, accuracy = final["loss"], {}
+        if self.pipeline.kind == "classification":  # the label's cross-entropy in bits, and accuracy
+            accuracy = {"final_eval_accuracy": final["accuracy"], "final_eval_bits": final["loss"] / math.log(2)}
+        self.tracker.log(steps_done, {"eval_loss": self.eval_loss,
+                                      **{key[len("final_"):]: value for key, value in accuracy.items()}})
+        self.stop.check_lease()
+        self.settle_checkpoints()
+        if steps_done not in self.checkpoints.steps():
+            self.save(steps_done, force=True)
+        if not math.isfinite(self.eval_loss):
+            self.status, accuracy = "diverged", {}
+        return accuracy
+
+    def end_steps(self) -> None:
+        """The end of the steps (last step, divergence or a stop): the training clock stops and the progress
+        display prints its final line, so both show the steps' time alone. Once."""
+        if self.steps_ended is None:
             self.steps_ended = time.perf_counter()
-            self.parts.tracker.end_of_steps()
+            self.tracker.end_of_steps()
 
     def log(self, done: int) -> None:
         """Fetch the metrics of the steps since the last log and log the newest, or stop as ``diverged``."""
         if not self.pending:
             return
-        config, tracker = self.parts.config, self.parts.tracker
+        config, tracker = self.config, self.tracker
         steps, fetched = [s for s, _ in self.pending], jax.device_get([m for _, m in self.pending])
         self.pending = []
         bad = [s for s, m in zip(steps, fetched) if not bool(m["finite"])]
@@ -435,28 +386,26 @@ class Training:
 
     def evaluate(self, done: int) -> float:
         """Evaluate the current parameters on the validation set and log the loss at ``done``."""
-        config = self.parts.config
-        self.eval_loss = evaluate(self.parts.program, self.state["params"], self.validation, config.batch_size)
-        self.parts.tracker.log(done, {"eval_loss": self.eval_loss})
+        metrics = evaluate_metrics(self.program, self.state["params"], self.validation, self.config.batch_size)
+        self.eval_loss = metrics["loss"]
+        self.tracker.log(done, {"eval_loss": self.eval_loss})
         return self.eval_loss
 
     def check_lease(self, done: int) -> None:
         """``LeaseLost`` if the heartbeat found the lease taken over; the error of a background save."""
-        self.parts.stop.check_lease()
+        self.stop.check_lease()
         if self.saver is not None:
-            with self.checkpoint_errors():
-                self.saver.raise_error()
+            self.saver.raise_error()
 
     def check_stop(self, done: int) -> None:
         """If every process agrees to stop: save this step, wait for the write, raise ``Preempted``."""
-        stop = self.parts.stop
-        if not stop.agreed(done):
+        if not self.stop.agreed(done):
             return
         self.settle_checkpoints()
         if self.saved_step != done:  # a second save of the same step would fail
             self.save(done, force=True)
         self.wait_for_writes()
-        raise stop.preempted(f"after step {done}; checkpoint saved")
+        raise self.stop.preempted(f"after step {done}; checkpoint saved")
 
     def checkpoint(self, step: int) -> None:
         """The periodic checkpoint at ``step``: handed to the background saver (a host copy of the state,
@@ -465,71 +414,52 @@ class Training:
         if self.saver is None:
             self.save(step)
             return
-        self.parts.stop.check_lease()
-        self.parts.tracker.flush(through_step=step)  # the saver waits for these before the checkpoint
+        self.stop.check_lease()
+        self.tracker.flush(through_step=step)  # the saver waits for these before the checkpoint
         self.meta["wall_seconds"], self.meta["train_seconds"] = self.wall_seconds(), self.train_seconds()
-        with self.checkpoint_errors():
-            self.saver.submit(step, jax.device_get(self.state), self.meta)
+        self.saver.submit(step, jax.device_get(self.state), self.meta)
 
     def write_checkpoint(self, step: int, state, meta: dict) -> None:
         """On the saver's thread: read the lease, wait for the metrics rows up to ``step``, save and wait
         for the write (its own deadline; a stop bounds the wait for it in ``settle_checkpoints``)."""
-        self.parts.stop.check_lease(read_now=True)
-        self.parts.tracker.wait_for_writes()
-        checkpoints = self.parts.checkpoints
-        checkpoints.save(step, state, meta, abandon_on_stop=False)
-        checkpoints.finish(abandon_on_stop=False, step=step)
+        self.stop.check_lease(read_now=True)
+        self.tracker.wait_for_writes()
+        self.checkpoints.save(step, state, meta, abandon_on_stop=False)
+        self.checkpoints.finish(abandon_on_stop=False, step=step)
         self.saved_step = step
 
     def settle_checkpoints(self) -> None:
         """Before a checkpoint saved here (the stop's, the last): drop the background save not started,
-        wait for the one under way (a stop bounds this wait), raise its error if it failed."""
+        wait for the one under way (a stop bounds this wait: ``WriteAbandoned``), raise its error if it failed."""
         if self.saver is None:
             return
-        stop, checkpoints = self.parts.stop, self.parts.checkpoints
+        stop, checkpoints = self.stop, self.checkpoints
         self.saver.drop_pending()
-        with self.checkpoint_errors():
-            self.saver.wait_idle(lambda: stop.requested,
-                                 lambda step: checkpoints.abandon(f"checkpoint of step {step} in "
-                                                                  f"{checkpoints.directory}"))
+        self.saver.wait_idle(lambda: stop.requested,
+                             lambda step: checkpoints.abandon(f"checkpoint of step {step} in {checkpoints.directory}"))
 
     def close(self) -> None:
         """End the background saver (what is pending is dropped; a save under way is waited for, at most
         the checkpoints' write deadline)."""
         if self.saver is not None:  # a write given up on is not waited for (exit_now_if_abandoned)
-            abandoned = str(self.parts.checkpoints.directory) in abandoned_writes()
-            self.saver.close(0 if abandoned else self.parts.checkpoints.write_timeout)
+            abandoned = str(self.checkpoints.directory) in abandoned_writes()
+            self.saver.close(0 if abandoned else self.checkpoints.write_timeout)
 
     def save(self, step: int, force: bool = False) -> None:
         """Checkpoint the state at ``step`` (after reading the lease and writing the metrics up to it)."""
-        stop = self.parts.stop
-        stop.check_lease(read_now=True)
-        self.parts.tracker.flush(through_step=step, wait=True)  # a resume from this step finds every row before it
+        self.stop.check_lease(read_now=True)
+        self.tracker.flush(through_step=step, wait=True)  # a resume from this step finds every row before it
         self.meta["wall_seconds"], self.meta["train_seconds"] = self.wall_seconds(), self.train_seconds()
-        with self.checkpoint_errors():
-            self.parts.checkpoints.save(step, self.state, self.meta, force=force)
+        self.checkpoints.save(step, self.state, self.meta, force=force)
         self.saved_step = step
 
     def wait_for_writes(self) -> None:
         """Wait for the checkpoint writes under way (``CheckpointError`` if one failed)."""
-        with self.checkpoint_errors():
-            self.parts.checkpoints.finish()
-
-    @contextlib.contextmanager
-    def checkpoint_errors(self):
-        """A write given up on after a stop is ``Preempted``; one refused because the lease was lost
-        (``leased_commit.py``) is ``LeaseLost``."""
-        stop = self.parts.stop
-        try:
-            with stop.write_abandoned_means_stop():
-                yield
-        except CheckpointError:
-            stop.check_lease()
-            raise
+        self.checkpoints.finish()
 
     def wall_seconds(self) -> float:
         """Seconds of wall clock of every segment so far, this one included."""
-        return self.earlier_seconds + time.perf_counter() - self.started
+        return self.earlier_seconds + time.perf_counter() - self.member.started
 
     def train_seconds(self) -> float:
         """Seconds of training steps (compilation excluded) of every segment so far, this one included."""
@@ -537,40 +467,3 @@ class Training:
             return self.earlier_train_seconds
         ended = time.perf_counter() if self.steps_ended is None else self.steps_ended
         return self.earlier_train_seconds + ended - self.steps_started
-
-    def finish(self, record: records.RunRecord) -> records.RunRecord:
-        """Unless diverged, evaluate and checkpoint the last step; wait for the writes; the final record."""
-        config, pipeline, tracker = self.parts.config, self.parts.pipeline, self.parts.tracker
-        steps_done = int(jax.device_get(self.state["step"]))
-        accuracy = {}
-        if self.status == "finished":
-            final = evaluate_metrics(self.parts.program, self.state["params"], self.validation, config.batch_size)
-            self.eval_loss = final["loss"]
-            if pipeline.kind == "classification":  # the label's cross-entropy in bits, and accuracy
-                accuracy = {"final_eval_accuracy": final["accuracy"], "final_eval_bits": final["loss"] / math.log(2)}
-            tracker.log(steps_done, {"eval_loss": self.eval_loss,
-                                     **{key[len("final_"):]: value for key, value in accuracy.items()}})
-            self.parts.stop.check_lease()
-            self.settle_checkpoints()
-            if steps_done not in self.parts.checkpoints.steps():
-                self.save(steps_done, force=True)
-            if not math.isfinite(self.eval_loss):
-                self.status, accuracy = "diverged", {}
-        self.settle_checkpoints()  # a diverged run keeps the checkpoints it saved before
-        self.wait_for_writes()
-        return record.replace(
-            status=self.status, final_eval_loss=self.eval_loss if self.status == "finished" else None,
-            initial_eval_loss=self.meta["initial_eval_loss"], final_train_loss=self.last_loss, steps=steps_done,
-            tokens=steps_done * self.tokens_per_step, tokens_per_step=self.tokens_per_step,
-            wall_seconds=self.wall_seconds(), train_seconds=self.train_seconds(), wandb_id=tracker.wandb_id,
-            mfu=self.measured_mfu(steps_done), **accuracy)
-
-    def measured_mfu(self, steps_done: int) -> float | None:
-        """The trainer's MFU over the whole run: its tokens over ``train_seconds`` (None before any step)."""
-        seconds = self.train_seconds()
-        if not steps_done or not seconds:
-            return None
-        config = self.parts.config
-        return model_flops_utilization(config.model, self.row_length, steps_done * self.tokens_per_step / seconds,
-                                       hardware.mfu_peak_flops(config.peak_flops, config.model.compute_dtype),
-                                       jax.device_count())

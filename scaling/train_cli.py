@@ -71,6 +71,9 @@ USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate"}
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (2 for unusable input)."""
+    from scaling.entry import prepare_process
+
+    prepare_process()  # before JAX starts its backend or a storage client
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in USE_COMMANDS:
         command = importlib.import_module(USE_COMMANDS[argv[0]])
@@ -97,31 +100,37 @@ def main(argv=None) -> int:
 
 
 def _run_command(config: TrainConfig, args) -> int:
+    """Train, print the result's summary (or one line saying how the run ended) and return the exit
+    status that ``scaling.ending`` gives the run's end."""
     import jax
 
-    from scaling import lease as lease_lib, records, rundir, train
-    from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted
+    from scaling import rundir, train
+    from scaling.ending import ending
+    from scaling.stopping import PREEMPTED_EXIT_CODE
 
     try:
         result = train.run(config, args.workdir, show_progress=not args.no_progress)
-    except Preempted as stop:
-        print(str(stop), file=sys.stderr)
-        return PREEMPTED_EXIT_CODE
-    except (rundir.ConfigMismatch, lease_lib.RunBusy, LeaseLost, records.OutdatedRecord) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except Exception as error:  # noqa: BLE001 - the traceback is in the run's error.log
-        # Name error.log only if this failure's traceback was written there (Outcome.recorded says).
-        if getattr(error, "error_log", None):
-            where = f"traceback in {error.error_log}"
-        elif hasattr(error, "error_log"):
-            where = f"no error.log: {args.workdir} could not be written"
+    except Exception as error:  # noqa: BLE001 - a failure's traceback is in the run's error.log
+        end = ending(error)
+        if end.exit_code == PREEMPTED_EXIT_CODE:
+            print(str(error), file=sys.stderr)
+        elif end.status != "failed":
+            print(f"error: {error}", file=sys.stderr)
         else:
-            where = f"failed before anything was recorded in {args.workdir}"
-        print(f"error: run failed: {rundir.one_line(error)} ({where})", file=sys.stderr)
-        return 1
+            print(f"error: run failed: {rundir.one_line(error)} ({_where_logged(error, args.workdir)})",
+                  file=sys.stderr)
+        return end.exit_code
     if jax.process_index() == 0:
         # wall_seconds: the whole run; train_seconds: its steps alone, compiling excluded (records.RunRecord)
         print(json.dumps({k: getattr(result, k) for k in ("status", "name", "final_eval_loss", "steps", "tokens",
                                                           "train_seconds", "wall_seconds")}))
-    return 0 if result.status == "finished" else 1
+    return ending(None, result.status).exit_code
+
+
+def _where_logged(error: Exception, workdir: str) -> str:
+    """Where a failure's traceback is: ``error.log`` only if it was written there (``member.Member``)."""
+    if getattr(error, "error_log", None):
+        return f"traceback in {error.error_log}"
+    if hasattr(error, "error_log"):
+        return f"no error.log: {workdir} could not be written"
+    return f"failed before anything was recorded in {workdir}"

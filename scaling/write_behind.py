@@ -22,11 +22,12 @@ writes not yet started (the run is another process's now).
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from typing import Callable
+
+from scaling import settings
 
 WAIT_SECONDS = 600.0  # as long as a checkpoint write may take (scaling.checkpoints.WRITE_TIMEOUT_SECONDS)
 
@@ -34,11 +35,7 @@ WAIT_SECONDS = 600.0  # as long as a checkpoint write may take (scaling.checkpoi
 def wait_seconds() -> float:
     """The limit of a wait for background writes (seconds): ``SCALING_CHECKPOINT_TIMEOUT_SECONDS`` if set,
     the limit checkpoint writes have, else ``WAIT_SECONDS``."""
-    text = os.environ.get("SCALING_CHECKPOINT_TIMEOUT_SECONDS")
-    try:
-        return float(text) if text else WAIT_SECONDS
-    except ValueError:
-        raise ValueError(f"SCALING_CHECKPOINT_TIMEOUT_SECONDS={text!r}: expected a number of seconds") from None
+    return settings.seconds("SCALING_CHECKPOINT_TIMEOUT_SECONDS", WAIT_SECONDS)
 
 
 class WriteFailed(RuntimeError):

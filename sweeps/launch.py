@@ -134,8 +134,7 @@ def _action(state: RunState) -> str:
 
 
 def cmd_dry_run(sweep: Sweep, args) -> int:
-    from sweeps import sweep_cost
-    from sweeps.preflight import compile_cache, estimate_store, prices
+    from sweeps.preflight import compile_cache, estimate_store, prices, sweep_cost
 
     runs, skipped, which, states = _read_share(sweep, args, allow_env=True)
     todo = [s for s in states if s.status in TO_TRAIN]
@@ -314,19 +313,14 @@ def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) ->
     first collective. Every process must also have expanded the same sweep
     (same code, sweep file and ``--set``); otherwise all of them stop here.
     """
-    import numpy as np
-    from jax.experimental import multihost_utils
+    from scaling import multihost
 
-    digest = np.int32(int(sweep.digest()[:7], 16))
-    if len(set(np.asarray(multihost_utils.process_allgather(digest)).ravel().tolist())) != 1:
+    if not multihost.all_agree(int(sweep.digest()[:7], 16)):
         raise LauncherError("the processes expanded different sweeps (sweep file, --set or code differ); "
                             "run the same commit and command on every host")
     position = {state.spec.run_id: i for i, state in enumerate(states)}
-    chosen = np.full(len(states) + 1, -1, np.int32)
-    chosen[0] = len(todo)
-    chosen[1:1 + len(todo)] = [position[state.spec.run_id] for state in todo]
-    agreed = np.asarray(multihost_utils.broadcast_one_to_all(chosen))
-    return [states[int(i)] for i in agreed[1:1 + int(agreed[0])]]
+    agreed = multihost.broadcast_ints_from_process_0([position[state.spec.run_id] for state in todo])
+    return [states[i] for i in agreed]
 
 
 def cmd_hosts(args) -> int:
@@ -382,6 +376,9 @@ STORAGE_COMMANDS = ("list", "dry-run", "run", "status")
 
 def main(argv=None) -> int:
     """Run the CLI; returns the exit status (2 for unusable input)."""
+    from scaling.entry import prepare_process
+
+    prepare_process()  # before JAX starts its backend or a storage client
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

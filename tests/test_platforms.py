@@ -44,9 +44,12 @@ def require_libtpu_on_a_cpu_machine():
 
 @pytest.mark.parametrize("command", [
     [sys.executable, "-m", "sweeps.launch", "hosts", "--check"],
-    [sys.executable, "-c", "import scaling.model, jax; print(jax.numpy.ones(3).sum())"],
+    # a program of its own prepares the process as the command lines do (importing scaling does not)
+    [sys.executable, "-c", "from scaling.entry import prepare_process; prepare_process(); import scaling.model, jax; "
+                           "print(jax.numpy.ones(3).sum())"],
     # jax imported before the package: its config is updated, not only the environment
-    [sys.executable, "-c", "import jax, scaling; print(jax.numpy.ones(3).sum())"],
+    [sys.executable, "-c", "import jax; from scaling.entry import prepare_process; prepare_process(); "
+                           "print(jax.numpy.ones(3).sum())"],
 ], ids=["launcher", "library", "jax-first"])
 def test_a_cpu_start_with_libtpu_installed_prints_nothing_about_tpus(command):
     require_libtpu_on_a_cpu_machine()

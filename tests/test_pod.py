@@ -18,7 +18,7 @@ import pytest
 
 import helpers
 from scaling import mesh as mesh_lib
-from scaling import records, stopping
+from scaling import multihost, records, stopping
 from scaling.config import MeshConfig
 from sweeps import spec
 
@@ -49,8 +49,10 @@ DRIVER = textwrap.dedent('''
     def loop_call():
         """(step, "file:function" of the caller) when called from inside the training loop, else None."""
         frame = caller = sys._getframe(2)
+        while caller.f_code.co_filename.endswith("multihost.py"):  # the function that asked scaling.multihost
+            caller = caller.f_back
         while frame is not None:
-            if frame.f_code.co_qualname == "Training.train":
+            if frame.f_code.co_qualname in ("Training.steps", "Training.end", "Training.train"):
                 where = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_code.co_name}"
                 return [frame.f_locals.get("done"), where]
             frame = frame.f_back
@@ -207,7 +209,7 @@ def test_stop_check_transfers_only_on_agreed_steps(monkeypatch):
 
     from jax.experimental import multihost_utils
 
-    monkeypatch.setattr(stopping.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
     monkeypatch.setattr(stopping.time, "perf_counter", clock)
     check = stopping.StopCheck(start_step=0)
@@ -228,12 +230,12 @@ def test_stop_check_transfers_only_on_agreed_steps(monkeypatch):
 def test_stop_check_agrees_when_any_process_saw_sigterm(monkeypatch):
     from jax.experimental import multihost_utils
 
-    monkeypatch.setattr(stopping.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "process_allgather",
                         lambda value: np.stack([value, np.array([1, 3], np.int32)]))  # the other host: SIGTERM
     check = stopping.StopCheck(start_step=10)
     assert check.agree(False, 10) and check.next_step == 11  # the smallest proposal wins
-    monkeypatch.setattr(stopping.jax, "process_count", lambda: 1)
+    monkeypatch.setattr(multihost.jax, "process_count", lambda: 1)
     assert stopping.StopCheck(0).due(5) and stopping.StopCheck(0).agree(True, 5)  # one process: the local flag
 
 

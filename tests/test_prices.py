@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from sweeps import launch, sweep_cost
-from sweeps.preflight import prices
+from sweeps import launch
+from sweeps.preflight import prices, sweep_cost
 
 # SkyPilot's GCP catalog, schema v8 (sky/catalog/data_fetchers/fetch_gcp.py writes these columns): a VM row,
 # TPU slices priced whole (v5litepod: chips; v5p: TensorCores, two per chip), GPUs priced per row of

@@ -10,6 +10,7 @@ import tiny
 from analysis.errors import AnalysisInputError
 from analysis.results import load_runs
 from scaling import lease as lease_lib, record_checks, records, train
+from scaling.config import to_dict
 from sweeps import launch
 
 PAIR = "depths=(1,), widths={1: (16, 32)}"  # L1-d16 and L1-d32
@@ -133,7 +134,7 @@ def test_a_failure_names_error_log_only_if_it_was_written(tmp_path, capsys, monk
         monkeypatch.setattr(train.data, "build", lambda config: (_ for _ in ()).throw(RuntimeError("no data")))
         monkeypatch.setattr(train.rundir, "log_failure", lambda run_dir, error: None)
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(train.to_dict(tiny.config())))
+    config.write_text(json.dumps(to_dict(tiny.config())))
     assert train.main(["--config", str(config), "--workdir", str(tmp_path / "run"), "--no-progress"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: run failed:") and "error.log" not in lines[0].replace(

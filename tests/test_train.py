@@ -43,7 +43,8 @@ def test_training_time_leaves_out_loading_and_compiling_and_the_progress_line_sh
     assert 0 < result.train_seconds and result.wall_seconds >= result.train_seconds + 1.0
     # stderr is not a terminal here: plain lines, the last one printed when the steps ended
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    match = re.search(rf"{tiny.STEPS} steps in (\d+) s of training \(compiling excluded\)(,|$)", last)
+    match = re.search(rf"{tiny.STEPS}/{tiny.STEPS} steps \(100%\), .*?(\d+) s elapsed, .*"
+                      r"time of training \(compiling excluded\)$", last)
     assert match, last
     assert abs(int(match.group(1)) - result.train_seconds) <= 0.6  # rounded to whole seconds
 

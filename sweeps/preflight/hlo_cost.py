@@ -109,9 +109,10 @@ class ProgramCoster:
     def cost(self) -> Cost:
         return self.computation_cost(self.module.entry) if self.module.entry else Cost()
 
-    def _op(self, cost: Cost, flops: float, hbm_bytes: float) -> float:
-        """Add one op's FLOPs and bytes to ``cost``; returns its roofline seconds."""
-        compute, memory = flops / self.machine.peak_flops, hbm_bytes / self.machine.hbm_bandwidth
+    def _op(self, cost: Cost, flops: float, hbm_bytes: float, fill: float = 1.0) -> float:
+        """Add one op's FLOPs and bytes to ``cost``; returns its roofline seconds (its FLOPs at ``fill`` of the
+        peak: the fraction of the matrix unit it keeps busy)."""
+        compute, memory = flops / (self.machine.peak_flops * fill), hbm_bytes / self.machine.hbm_bandwidth
         cost.flops += flops
         cost.hbm_bytes += hbm_bytes
         if compute >= memory:
@@ -205,22 +206,28 @@ class ProgramCoster:
     def _priced_op(self, computation: Computation, instruction: Instruction, cost: Cost) -> float:
         """Seconds of one top-level op on the chip (its FLOPs and bytes added to ``cost``)."""
         if instruction.opcode == "custom-call":
-            target = (instruction.attribute("custom_call_target") or "").strip('"')
-            if target in FREE_TARGETS:
-                return 0.0
-            operands = [hlo_ops.operand_array(computation, name) for name in instruction.operands]
-            priced = self.kernel_cost(instruction, operands)
-            if priced is None:
-                if target not in cost.kernels_uncounted:
-                    cost.kernels_uncounted.append(target)
-                return 0.0
-            kernel, flops, hbm_bytes = priced
-            old = cost.kernels.get(kernel, [0.0, 0.0])
-            cost.kernels[kernel] = [old[0] + 1, old[1] + flops]
-            return self._op(cost, flops, hbm_bytes)
+            priced = self._kernel(computation, instruction, cost)
+            return 0.0 if priced is None else self._op(cost, priced[1], priced[2])
         flops, transcendentals = hlo_ops.instruction_flops(self.module, computation, instruction)
         cost.transcendentals += transcendentals
         return self._op(cost, flops, hlo_ops.instruction_hbm_bytes(self.module, computation, instruction))
+
+    def _kernel(self, computation: Computation, instruction: Instruction, cost: Cost):
+        """A custom call's (kernel, FLOPs, HBM bytes), counted in ``cost.kernels``; None for calls that cost
+        nothing and for kernels ``kernel_cost`` cannot price (named in ``cost.kernels_uncounted``)."""
+        target = (instruction.attribute("custom_call_target") or "").strip('"')
+        if target in FREE_TARGETS:
+            return None
+        operands = [hlo_ops.operand_array(computation, name) for name in instruction.operands]
+        priced = self.kernel_cost(instruction, operands)
+        if priced is None:
+            if target not in cost.kernels_uncounted:
+                cost.kernels_uncounted.append(target)
+            return None
+        kernel, flops, _ = priced
+        old = cost.kernels.get(kernel, [0.0, 0.0])
+        cost.kernels[kernel] = [old[0] + 1, old[1] + flops]
+        return priced
 
     def _control_flow(self, computation: Computation, instruction: Instruction, cost: Cost) -> float:
         """Add a while loop, call or conditional to ``cost``; returns its seconds."""

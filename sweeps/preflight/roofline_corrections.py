@@ -159,28 +159,12 @@ class CorrectedCoster(hlo_cost.ProgramCoster):
         twin = self.logical.computation(computation.name)
         return twin, twin.by_name[instruction.name]
 
-    def _timed(self, cost, flops: float, hbm_bytes: float, fill: float = 1.0) -> float:
-        compute, memory = flops / (self.machine.peak_flops * fill), hbm_bytes / self.machine.hbm_bandwidth
-        cost.flops += flops
-        cost.hbm_bytes += hbm_bytes
-        if compute >= memory:
-            cost.compute_seconds += compute
-        else:
-            cost.memory_seconds += memory
-        return max(compute, memory)
-
     def _roofline_op(self, computation: Computation, instruction: Instruction, cost) -> float:
         """The op's seconds with padding and fill (no floor); its FLOPs and bytes added to ``cost``."""
         logical_computation, logical = self._twin(computation, instruction)
         if instruction.opcode == "custom-call":
-            target = (instruction.attribute("custom_call_target") or "").strip('"')
-            if target in hlo_ops.FREE_TARGETS:
-                return 0.0
-            operands = [hlo_ops.operand_array(logical_computation, n) for n in logical.operands]
-            priced = self.kernel_cost(logical, operands)
+            priced = self._kernel(logical_computation, logical, cost)
             if priced is None:
-                if target not in cost.kernels_uncounted:
-                    cost.kernels_uncounted.append(target)
                 return 0.0
             kernel, flops, hbm_bytes = priced
             if self.module is not self.logical:  # the same kernel's bytes with its operands padded
@@ -189,14 +173,13 @@ class CorrectedCoster(hlo_cost.ProgramCoster):
                 hbm_bytes = padded[2] if padded else hbm_bytes
             fill = 1.0
             if self.corrections.matrix_unit_fill and self.mxu_width and kernel.startswith("splash_mha"):
+                operands = [hlo_ops.operand_array(logical_computation, n) for n in logical.operands]
                 query = next(a for a in operands if a is not None and a.dtype in kernels.FLOATS and len(a.dims) >= 3)
                 fill = matrix_unit_fill(query.dims[-1], self.mxu_width)
-            old = cost.kernels.get(kernel, [0.0, 0.0])
-            cost.kernels[kernel] = [old[0] + 1, old[1] + flops]
-            return self._timed(cost, flops, hbm_bytes, fill)
+            return self._op(cost, flops, hbm_bytes, fill)
         flops, transcendentals = hlo_ops.instruction_flops(self.logical, logical_computation, logical)
         cost.transcendentals += transcendentals
-        return self._timed(cost, flops, hlo_ops.instruction_hbm_bytes(self.module, computation, instruction))
+        return self._op(cost, flops, hlo_ops.instruction_hbm_bytes(self.module, computation, instruction))
 
     def _priced_op(self, computation: Computation, instruction: Instruction, cost) -> float:
         seconds = self._roofline_op(computation, instruction, cost)
