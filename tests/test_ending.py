@@ -2,7 +2,6 @@
 and the three agree whatever else fails while the run ends."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,6 @@ from scaling.config import DataConfig, config_id, to_dict
 from scaling.ending import REFUSED, AlreadyFinished, Ending, as_raised, ending
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
 from scaling.track import Tracker
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _finished_record() -> records.RunRecord:

@@ -2,11 +2,9 @@
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import helpers
+
 # Variables the project sets for a command line: JAX's platform (platforms.skip_absent_tpu) and what the
 # storage clients read once STORAGE_EMULATOR_HOST is set (storage.use_emulator).
 OWN = ("JAX_PLATFORMS", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
@@ -20,10 +18,9 @@ print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))
 
 
 def _changed_variables(statements: str) -> list:
-    env = {k: v for k, v in os.environ.items() if k not in OWN}
-    env.update(STORAGE_EMULATOR_HOST="http://127.0.0.1:9", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", CHANGED.format(statements=statements)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = helpers.with_checkout({k: v for k, v in os.environ.items() if k not in OWN},
+                                STORAGE_EMULATOR_HOST="http://127.0.0.1:9")
+    done = helpers.run_python(CHANGED.format(statements=statements), env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return [name for name, _ in json.loads(done.stdout.strip().splitlines()[-1])]
 

@@ -2,18 +2,13 @@
 tests/test_pod.py starts them, and the one-process case, where every function is the identity or nothing."""
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 
+import helpers
 from scaling import multihost
-from test_pod import free_port
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Each process holds different values (hosts that read storage at different moments) and reports what
 # every function gave it.
@@ -44,17 +39,12 @@ AGREE = textwrap.dedent('''
 def test_two_processes_follow_process_0_and_share_their_flags(tmp_path):
     script = tmp_path / "agree.py"
     script.write_text(AGREE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "JAX_COORDINATOR"))}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    port = str(free_port())
-    processes = [subprocess.Popen([sys.executable, str(script), str(index), port], env=env, cwd=tmp_path,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for index in range(2)]
-    try:
-        outputs = [process.communicate(timeout=240)[0] for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
+    env = helpers.with_checkout(helpers.clean_env(JAX_PLATFORMS="cpu",
+                                                  XLA_FLAGS="--xla_force_host_platform_device_count=1"))
+    port = helpers.free_port()
+    processes = [helpers.start([sys.executable, script, index, port], env=env, cwd=tmp_path, merge_stderr=True)
+                 for index in range(2)]
+    outputs = [done.stdout for done in helpers.finish(processes, timeout=240)]
     reports = []
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output[-3000:]
