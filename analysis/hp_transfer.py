@@ -119,6 +119,9 @@ def figure(directory, path, base_width: int = 64, base_depth: int = 2) -> None:
                 best = group.loc[group["loss"].idxmin()]
                 panel.plot([best["peak_lr"]], [best["loss"]], marker="*", markersize=14, color=line.get_color())
             panel.set(xscale="log", xlabel="peak learning rate", title=f"{name}: {axis}s at {fixed} {value}")
+            rates = sorted(chosen["peak_lr"].unique())  # the grid's rates as the ticks, a factor 2 apart
+            panel.set_xticks(rates, [f"{rate:.3g}" for rate in rates], rotation=45, fontsize=7)
+            panel.minorticks_off()
             if column == 0:
                 panel.set_ylabel("final eval loss (nats/token)")
             if panel.lines:
