@@ -92,16 +92,16 @@ def test_cpu_depth_fit_is_what_the_command_prints(committed, args):
 ])
 def test_hp_transfer_outcome_is_what_the_command_prints(committed, args):
     # the best rates, spreads and the pre-registered criterion's verdicts of results/hp_transfer/README.md
-    expected = (ROOT / "results" / "hp_transfer" / committed).read_text()
+    expected = (REPO / "results" / "hp_transfer" / committed).read_text()
     printed = analysis("hp-transfer", "results/hp_transfer", *args)
     assert same_report(printed, expected), (printed, expected)
 
 
 def test_hp_transfer_sweep_is_complete_and_its_verdicts_are_the_readmes():
-    outcome = json.loads((ROOT / "results" / "hp_transfer" / "outcome.json").read_text())
-    records = list((ROOT / "results" / "hp_transfer").glob("*/result.json"))
+    outcome = json.loads((REPO / "results" / "hp_transfer" / "outcome.json").read_text())
+    records = list((REPO / "results" / "hp_transfer").glob("*/result.json"))
     assert len(records) == 90 and all(json.loads(r.read_text())["status"] == "finished" for r in records)
-    readme = (ROOT / "results" / "hp_transfer" / "README.md").read_text()
+    readme = (REPO / "results" / "hp_transfer" / "README.md").read_text()
     for axis, verdict in outcome["criterion"].items():
         assert f"**{axis}: {verdict['verdict']}**" in readme, (axis, verdict)
 
