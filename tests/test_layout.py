@@ -1,0 +1,34 @@
+"""The README's Layout section names every module of the three packages once, and nothing that is gone."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("scaling", "sweeps", "sweeps/preflight", "analysis")
+
+
+def layout_entries() -> dict[str, list[str]]:
+    """Module files named in the Layout block, by package folder (``scaling/`` lines open a package)."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    entries, package = {}, None
+    for line in block.splitlines():
+        heading = re.match(r"(\S+)/\s", line + " ")
+        if heading and not line.startswith(" "):
+            package = heading.group(1)
+            entries.setdefault(package, [])
+            continue
+        module = re.match(r"  (\S+\.py)\s", line)
+        if module and package is not None:
+            entries[package].append(module.group(1))
+    return entries
+
+
+def test_every_module_has_one_line_and_every_line_a_module():
+    entries = layout_entries()
+    for package in PACKAGES:
+        named = entries.get(package, [])
+        on_disk = {path.name for path in (REPO / package).glob("*.py") if path.name != "__init__.py"}
+        assert len(named) == len(set(named)), f"{package}: named twice: {sorted(n for n in named if named.count(n) > 1)}"
+        assert set(named) == on_disk, (f"{package}: missing from the Layout: {sorted(on_disk - set(named))}; "
+                                       f"named but gone: {sorted(set(named) - on_disk)}")
