@@ -1,9 +1,9 @@
 """The README's Layout section names every module of the three packages once, and nothing that is gone."""
 
 import re
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
+
 PACKAGES = ("scaling", "sweeps", "sweeps/preflight", "analysis")
 
 
