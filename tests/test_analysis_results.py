@@ -115,11 +115,14 @@ def test_single_depth_is_refused(tmp_path):
 
 # The JAX-free modules that read what runs leave behind: records, their metrics and the storage under them.
 RECORD_READERS = ("scaling.records", "scaling.record_checks", "scaling.metrics_log", "scaling.storage")
+# The command line's shared, JAX-free pieces: one parser for every entry point, and what each does first
+# (tests/test_help.py checks that `python -m analysis --help` loads no JAX).
+COMMAND_LINE = ("scaling.cli", "scaling.entry")
 
 
 def test_analysis_reads_records_only():
-    """From the project the package imports only the JAX-free modules that read run records, never the
-    trainer or launcher."""
+    """From the project the package imports only the JAX-free modules that read run records (and the command
+    line's shared parser and start-up), never the trainer or launcher."""
     import ast
 
     from helpers import REPO
@@ -131,5 +134,5 @@ def test_analysis_reads_records_only():
             for name in names:
                 if name.split(".")[0] in ("scaling", "sweeps"):
                     imported = [f"scaling.{alias.name}" for alias in node.names] if name == "scaling" else [name]
-                    assert isinstance(node, (ast.Import, ast.ImportFrom)) and set(imported) <= set(RECORD_READERS), \
+                    assert isinstance(node, (ast.Import, ast.ImportFrom)) and set(imported) <= set(RECORD_READERS + COMMAND_LINE), \
                         f"{source.name} imports {name}"
