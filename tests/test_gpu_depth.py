@@ -205,7 +205,8 @@ def test_run_stage_with_nothing_left_packs_the_finished_records_only(tmp_path, m
 
 @pytest.mark.slow
 def test_micro_experiment_end_to_end_in_budgets(tmp_path):
-    """Both micro stages through gpu/run_stage.sh on CPU: a budget too short for stage 1 stops it with
+    """Both micro stages through gpu/run_stage.sh on CPU: a budget too short for stage 1 (2 s of training
+    after the reserve, less than loading and compiling take on any machine) stops it with
     status 75 and a checkpoint, the next call finishes it; the chooser picks stage 2's sizes from the
     records; stage 2 runs; `analysis fit` reads the unpacked records. Several minutes on 2 busy cores."""
     from analysis.__main__ import main as analysis
@@ -214,7 +215,7 @@ def test_micro_experiment_end_to_end_in_budgets(tmp_path):
     runs = tmp_path / "runs"
     common = ["--corpus", archive, "--workdir", runs, "--reserve", "5"]
     env = {"SCALING_DATA_DIR": str(tmp_path / "data")}
-    first = run_stage("--stage", "1", "--budget", "40", *common, **env)
+    first = run_stage("--stage", "1", "--budget", "7", *common, **env)
     assert first.returncode == 75, first.stdout + first.stderr
     assert "run the same command again" in first.stdout
     second = run_stage("--stage", "1", "--budget", "15m", *common, **env)
