@@ -175,7 +175,7 @@ def test_a_repriced_depth_matches_its_compiled_program_within_1_percent(two_dept
     compiled = full["runs"][0]
     for key in ("estimated_step_seconds", "roofline_corrected_step_seconds", "compiler_step_seconds", "flops",
                 "collective_bytes", "hbm_bytes_per_device", "step_seconds_low", "step_seconds_high", "mfu_low",
-                "mfu_high", "estimated_mfu"):
+                "mfu_high", "estimated_mfu", "parameters", "params_non_embedding", "tokens_per_step"):
         assert shallow[key] == pytest.approx(compiled[key], rel=0.01), key
     # HBM traffic less closely (2% here): at another depth libtpu keeps a few small arrays elsewhere (VMEM or HBM).
     assert shallow["hbm_bytes_accessed"] == pytest.approx(compiled["hbm_bytes_accessed"], rel=0.03)

@@ -38,6 +38,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
+
+from scaling import budget
 from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
 from sweeps.preflight import estimate_range, layer_loop
@@ -292,21 +295,19 @@ def _derived(template: dict, fields: dict, program: Program, method: str, note: 
                fits_by="estimated memory")
     for key in ("loops_counted", "loops_uncounted", "kernels_uncounted"):
         row[key] = template.get(key)
-    from scaling import budget
     row["params_non_embedding"] = budget.non_embedding_params(config.model.depth, config.model.width)
     return row
 
 
 def _parameter_count(config: TrainConfig) -> int:
-    from scaling import budget
+    """Parameters of ``config``'s model as stored (vocabulary padded), as ``report.parameter_count`` counts them."""
     tree = budget.abstract_params(config.model, padded=True)
-    import jax
     return sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def _fit_by_dominance(row: dict, program: Program, compiled: list) -> None:
     """A run that a compiled, fitting run dominates fits (memory grows with depth and width)."""
     for other, other_row in compiled:
-        if other_row.get("fits") and (dominates(other, program) or other.key == program.key):
+        if other_row.get("fits") and dominates(other, program):
             row.update(fits=True, status="PASS", fits_by=f"dominated by {other.name}, compiled")
             return
