@@ -351,7 +351,7 @@ def test_host_parallel_runs_are_checked_on_one_hosts_chips(slice_name, one_host)
     assert preflight.checked_topology(topology, pod_wide=True).name == slice_name
 
 
-def fake_row(name, config, topology, devices, remat_search=False, cache=None):
+def fake_row(name, config, topology, devices, remat_search=False, cache=None, per_layer=True):
     return {"name": name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
             "checked": (topology.name, len(devices))}
 

@@ -163,7 +163,7 @@ def complete(programs: list[Program], rows: dict, chips: int, chip) -> tuple[dic
         done[program.key] = interpolated(between, program, error, chips, chip)
     for program in programs:
         row = done.get(program.key)
-        if row is not None and row["method"] != "compiled":
+        if row is not None and row.get("method", "compiled") != "compiled":
             _fit_by_dominance(row, program, [(by_key[k], r) for k, r in compiled.items()])
     return done, missing
 

@@ -149,17 +149,18 @@ def program_key(config: TrainConfig) -> tuple:
 
 
 def check_run(name: str, config: TrainConfig, topology: Topology, devices: list, remat_search: bool = False,
-              cache: compile_cache.CompileCache | None = None) -> dict:
+              cache: compile_cache.CompileCache | None = None, per_layer: bool = True) -> dict:
     """Compile one run's train step for the slice and report memory, FLOPs, speed, and PASS/FAIL.
 
     Returns a JSON-ready dict (bytes per device, FLOPs per device per step,
     seconds per step); a compile error becomes a FAIL row with the error,
     never an exception. With ``remat_search``, a run that fits also gets
     ``remat_suggestion``: the cheapest policy that fits (``advice.cheapest_remat``).
-    Compiles go through ``cache`` (default: none, every program is compiled).
+    Compiles go through ``cache`` (default: none, every program is compiled). With ``per_layer`` the row also
+    says what one more layer adds to each figure (``sweeps.preflight.layer_loop``), for re-pricing other depths.
     """
     cache = cache or compile_cache.CompileCache(None)
-    row = _check_one(name, config, topology, devices, cache)
+    row = _check_one(name, config, topology, devices, cache, per_layer)
     if remat_search and row["fits"]:
         found = cheapest_remat(config, lambda candidate: _check_one(name, candidate, topology, devices, cache))
         chosen = found["row"] if found else row
@@ -170,7 +171,7 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list,
 
 
 def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list,
-               cache: compile_cache.CompileCache) -> dict:
+               cache: compile_cache.CompileCache, per_layer: bool = False) -> dict:
     chip = topology.chip
     row = {"name": name, "topology": topology.name, "chips": len(devices), "status": "FAIL", "fits": False,
            "hbm_bytes_per_device": None, "hbm_capacity_bytes": chip.hbm_bytes, "compiler_peak_bytes": None,
@@ -230,7 +231,7 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
 
     hlo_text = compiled.as_text()
     row.update(cost_fields(config, hlo_text, topology, list(mesh.devices.flat)))
-    if row.get("estimated_step_seconds") is not None:
+    if per_layer and row.get("estimated_step_seconds") is not None:
         row["per_layer"] = layer_loop.per_layer(config, hlo_text, lambda priced, text: cost_fields(
             priced, text, topology, list(mesh.devices.flat)))
     return row
@@ -314,7 +315,8 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
     done: dict[tuple, dict] = {}
     while compile_now:
         batch = {program.key: (program.name, program.config) for program in compile_now}
-        done.update(_compile_programs(batch, topology, where, jobs, (remat_search, cache_directory), progress))
+        options = (remat_search, cache_directory, mode != "full")  # --full re-prices nothing
+        done.update(_compile_programs(batch, topology, where, jobs, options, progress))
         done, compile_now = quick.complete(programs, done, topology.chips, topology.chip)
     rows = []
     for name, config in runs:
@@ -327,14 +329,14 @@ def _compile_programs(first: dict, topology: Topology, where: str, jobs: int, op
     """``check_run`` of each program (key -> (name, config)), in ``jobs`` processes when there are several."""
     if jobs > 1 and len(first) > 1:
         return _check_in_processes(first, topology.name, jobs, options, progress, where)
-    remat_search, cache_directory = options
+    remat_search, cache_directory, per_layer = options
     devices = topology_devices(topology)
     cache = compile_cache.CompileCache(cache_directory)
     done = {}
     for key, (name, config) in first.items():
         if progress is not None:
             progress(f"compiling {name} for {where} ...")
-        done[key] = check_run(name, config, topology, devices, remat_search, cache)
+        done[key] = check_run(name, config, topology, devices, remat_search, cache, per_layer)
     return done
 
 
@@ -344,12 +346,12 @@ _WORKER_DEVICES: dict = {}
 def _check_in_worker(name: str, config: TrainConfig, topology_name: str, options: tuple) -> dict:
     # One compile in a worker process; its compile-only devices are made once per process.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    remat_search, cache_directory = options
+    remat_search, cache_directory, per_layer = options
     topology = parse_topology(topology_name)
     if topology_name not in _WORKER_DEVICES:
         _WORKER_DEVICES[topology_name] = topology_devices(topology)
     return check_run(name, config, topology, _WORKER_DEVICES[topology_name], remat_search,
-                     compile_cache.CompileCache(cache_directory))
+                     compile_cache.CompileCache(cache_directory), per_layer)
 
 
 def _check_in_processes(programs: dict, topology_name: str, jobs: int, options: tuple, progress,
