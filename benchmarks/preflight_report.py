@@ -28,7 +28,15 @@ is an upper bound; each row then also paid two small extra compiles for the FLOP
     GPT-3 XL          FAIL  198 GiB/chip of temporaries, the size of the float32
                             logits of the whole batch (512·2048·50261·4 B = 196 GiB):
                             activations are not kept sharded over the batch
-  --set mesh.data=16 --set mesh.fsdp=16:
+  after issue 40 (two estimates, their range, dollars), as the sweep defines them, no --set; 38 s from an
+  empty compile cache (--compile-cache DIR), libtpu on the CPU, nothing run on a TPU:
+    paper L48-d1600   FAIL  45.4 GiB/chip (fsdp=256 does not divide d=1600), as before
+    GPT-3 XL          PASS  1.66 GiB/chip, 44.5 TFLOP/chip, step 0.293..0.346 s (corrected roofline ..
+                            compiler's estimated_cycles), MFU 54.5%..64.3% (causal half 50.9%..60.0%);
+                            300B tokens: 2.86e5 steps, 5,967..7,040 chip-hours (23.3..27.5 h on 256 chips),
+                            $7,160-8,449 on demand ($1.20/chip-hour), $1,461-4,224 spot ($0.245-0.600),
+                            prices from the project's table (SkyPilot's GCP catalog v8, US regions)
+  --set mesh.data=16 --set mesh.fsdp=16 (before issue 27):
     paper L48-d1600   PASS  4.32 GiB/chip, 13.0 TFLOP/chip, 0.066 s/step, MFU <= 69.7%, compile 76 s
     GPT-3 XL          PASS  9.01 GiB/chip, 45.6 TFLOP/chip, 0.232 s/step, MFU <= 65.0%, compile 82 s
 """
