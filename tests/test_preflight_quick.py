@@ -208,8 +208,10 @@ ENTRY main {
   nothing = f32[] constant(0)
   chunks = f32[2,4]{1,0} broadcast(%nothing), dimensions={}
   zero = s32[] constant(0)
-  start = (s32[], f32[2,8]{1,0}) tuple(%zero, %weights)
-  layers = (s32[], f32[2,8]{1,0}) while(%start), condition=cond, body=body
+  saved = bf16[2,16]{1,0} broadcast(%nothing), dimensions={}
+  kept = bf16[2,32]{1,0:S(1)} broadcast(%nothing), dimensions={}
+  start = (s32[], f32[2,8]{1,0}, bf16[2,16]{1,0}, bf16[2,32]{1,0:S(1)}) tuple(%zero, %weights, %saved, %kept)
+  layers = (s32[], f32[2,8]{1,0}, bf16[2,16]{1,0}, bf16[2,32]{1,0:S(1)}) while(%start), condition=cond, body=body
   start2 = (s32[], f32[2,4]{1,0}) tuple(%zero, %chunks)
   ROOT loss = (s32[], f32[2,4]{1,0}) while(%start2), condition=cond, body=body
 }
@@ -217,6 +219,8 @@ ENTRY main {
     module = hlo.parse(text)
     assert layer_loop.layer_loops(module, 2) == ["layers"]
     assert layer_loop.stacked_argument_bytes(module, 2) == 8 * 4
+    # The saved activations' stack in HBM counts per layer; the one kept on chip (S(1), VMEM) does not.
+    assert layer_loop.stacked_temporary_bytes(module, 2) == 16 * 2
     with hlo.trip_counts({"layers": 5}):
         entry = module.computation(module.entry)
         assert hlo.trip_count(module, entry, entry.by_name["layers"]) == 5

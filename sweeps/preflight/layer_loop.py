@@ -13,12 +13,13 @@ more with the layer loops run L + 1 times (``sweeps.preflight.hlo.trip_counts``)
 
 Memory per chip: the stacked arguments (parameters and optimizer state, each
 float array of the entry computation whose leading dimension is the depth)
-grow by their per-layer bytes, tile padding included. Temporaries are kept
-at the compiled program's: at the paper sweep's sizes they are mostly the
-logits, which do not depend on depth; the per-layer activations saved for the
-backward pass are left out, so memory re-priced to more layers leans low and
-to fewer leans high. Whether a sweep fits is not decided here: the runs no
-other run dominates in depth and width are compiled (``sweeps.preflight.quick``).
+grow by their per-layer bytes, tile padding included, and so do the stacks
+the layer loops carry besides them in HBM (the activations saved for the
+backward pass, the weights cast to the compute type:
+``stacked_temporary_bytes``); the other temporaries (the logits, mostly) do
+not depend on depth. Gradients that are not carried through the loop are
+left out. Whether a sweep fits is not decided here: the runs no other run
+dominates in depth and width are compiled (``sweeps.preflight.quick``).
 
 Which loops are the layer loops: those whose trip count is the model's
 depth and whose loop state carries a float array with the depth as leading
@@ -82,6 +83,26 @@ def stacked_argument_bytes(module: hlo.Module, depth: int) -> float:
     """Bytes per chip (tile-padded) of the entry's float arguments stacked over ``depth`` layers, per layer."""
     return sum(hlo.DTYPE_BYTES[dtype] * math.prod(padded_dims(dims, layout))
                for dtype, dims, layout in _stacked_arguments(module, depth)) / depth
+
+
+def stacked_temporary_bytes(module: hlo.Module, depth: int) -> float:
+    """Bytes per chip (tile-padded) per layer of the stacks the layer loops carry that are not arguments: the
+    activations saved for the backward pass (the forward loop's and the backward loop's copy) and the
+    weights cast to the compute type. Arrays the compiler keeps on chip (memory space 1, VMEM) take no HBM."""
+    arguments = {(dtype, dims) for dtype, dims, _ in _stacked_arguments(module, depth)}
+    loops = set(layer_loops(module, depth))
+    total = 0.0
+    for computation in module.computations.values():
+        for instruction in computation.instructions:
+            if instruction.name not in loops:
+                continue
+            for dtype, dims_text, layout in hlo._ARRAY.findall(instruction.type_text):
+                dims = tuple(int(d) for d in dims_text.split(",") if d)
+                on_chip = hlo._MEMORY_SPACE.search(layout or "")
+                if (dtype in _FLOATS and len(dims) > 1 and dims[0] == depth and (dtype, dims) not in arguments
+                        and not (on_chip and on_chip.group(1) != "0")):
+                    total += hlo.DTYPE_BYTES[dtype] * math.prod(padded_dims(dims, layout or ""))
+    return total / depth
 
 
 def difference(deeper, compiled):
@@ -232,6 +253,7 @@ def per_layer(config, hlo_text: str, cost_at: Callable[[object, str], dict]) -> 
     with hlo.trip_counts({name: depth + 1 for name in loops}):
         deeper = cost_at(deeper_config, deeper_text(hlo_text, depth))
     fields = {key: difference(deeper.get(key), compiled.get(key)) for key in LINEAR_FIELDS}
-    stacked = stacked_argument_bytes(module, depth)
-    fields.update({key: stacked for key in MEMORY_FIELDS}, temporary_bytes=0)
+    arguments, temporaries = stacked_argument_bytes(module, depth), stacked_temporary_bytes(module, depth)
+    fields.update(hbm_bytes_per_device=arguments + temporaries, compiler_peak_bytes=arguments + temporaries,
+                  argument_bytes=arguments, temporary_bytes=temporaries)
     return {"depth": depth, "layer_loops": sorted(loops), "fields": fields}
