@@ -108,6 +108,11 @@ def _add_options(sub, command: str) -> None:
                               "trains it by default")
         sub.add_argument("--pod-wide", action="store_true",
                          help="check each run on the whole slice, as run --pod-wide trains it")
+        sub.add_argument("--mode", choices=("quick", "depths", "full"), default="quick",
+                         help="which programs to compile: quick (default) the runs no other dominates in depth "
+                              "and width plus a few anchor widths, re-pricing other depths and interpolating "
+                              "other widths; depths one per width; full every one (sweeps/preflight/quick.py)")
+        sub.add_argument("--full", action="store_true", help="compile every program (same as --mode full)")
         sub.add_argument("--jobs", type=int, default=None, metavar="N",
                          help="compile the distinct programs in N processes (default: as memory and cores "
                               "allow, at most 4)")

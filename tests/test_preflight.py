@@ -351,7 +351,7 @@ def test_host_parallel_runs_are_checked_on_one_hosts_chips(slice_name, one_host)
     assert preflight.checked_topology(topology, pod_wide=True).name == slice_name
 
 
-def fake_row(name, config, topology, devices, remat_search=False, cache=None):
+def fake_row(name, config, topology, devices, remat_search=False, cache=None, per_layer=True):
     return {"name": name, "fits": True, "status": "PASS", "estimated_step_seconds": 0.5,
             "checked": (topology.name, len(devices))}
 
@@ -379,7 +379,8 @@ def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, mon
     checked.clear()
     assert launch.main(command + ["--pod-wide"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert checked == ["L1-d64-s0", "L2-d64-s0"]
+    # Quick mode compiles the deeper one first (it dominates); these fake rows cannot be re-priced, so the other too.
+    assert sorted(checked) == ["L1-d64-s0", "L2-d64-s0"]
     assert {tuple(row["checked"]) for row in report["runs"]} == {("v5e:4x4", 16)}
     assert report["summary"]["wall_hours"] == pytest.approx(6 * steps * 0.5 / 3600)
 

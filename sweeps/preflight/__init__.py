@@ -12,6 +12,8 @@ benchmarks and tests; everything else is the modules' own:
   ``collective_traffic``), over ``hlo`` (parse), ``hlo_ops`` (one op),
   ``collectives`` (one collective), ``hlo_cost`` (a whole program) and
   ``kernels`` (Pallas kernels, analytically);
+- ``quick``: which programs a preflight compiles (``--mode quick|depths|full``) and how
+  the others are priced from them; ``layer_loop``: a compiled program at another depth;
 - ``advice``: how to make a run fit (``suggest``, ``cheapest_remat``);
 - ``compile_cache``: the compiler's answers kept on disk.
 

@@ -13,10 +13,16 @@ sets that element to a constant (usually through a ``copy``), and the body
 adds a constant to it. ``trip_count`` reads either form and returns None for
 any other loop, which the caller must then report as uncounted rather than
 guess.
+
+Re-pricing (``sweeps.preflight.layer_loop``): inside ``with trip_counts({loop: n})``
+``trip_count`` answers ``n`` for the while loops named there, so any cost
+walk prices the same program as if those loops ran ``n`` times.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import re
@@ -32,6 +38,7 @@ _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _CALLED = re.compile(r"\b(calls|body|condition|to_apply|true_computation|false_computation|"
                      r"branch_computations|async_computation)=\{?(%?[\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
 _KNOWN_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+_OVERRIDES: contextvars.ContextVar[dict] = contextvars.ContextVar("trip_count_overrides", default={})
 _PASS_THROUGH = ("copy", "bitcast", "reshape", "convert")  # ops that carry a loop counter's value unchanged
 
 
@@ -202,6 +209,16 @@ _COMPARISONS = {"LT": lambda start, bound, step: -(-(bound - start) // step) if 
 _MIRRORED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
 
 
+@contextlib.contextmanager
+def trip_counts(overrides: dict[str, int]):
+    """Within the block, ``trip_count`` of the while loops named in ``overrides`` (instruction names) is theirs."""
+    token = _OVERRIDES.set({**_OVERRIDES.get(), **overrides})
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
 def trip_count(module: Module, caller: Computation, loop: Instruction) -> int | None:
     """How many times the while ``loop`` (an instruction of ``caller``) runs its body; None if unreadable.
 
@@ -209,8 +226,11 @@ def trip_count(module: Module, caller: Computation, loop: Instruction) -> int | 
     it; otherwise the counter loop described in the module docstring:
     ``compare(counter, constant(N))`` in the condition, the counter's initial
     value a constant in the loop's operand tuple, and ``counter + constant(s)``
-    in the body's result tuple.
+    in the body's result tuple. Loops named in an active ``trip_counts`` block get the count given there.
     """
+    overridden = _OVERRIDES.get().get(loop.name)
+    if overridden is not None:
+        return overridden
     known = _KNOWN_TRIP_COUNT.search(loop.attributes)
     if known:
         return int(known.group(1))

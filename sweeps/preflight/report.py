@@ -1,6 +1,6 @@
 """Ahead-of-time preflight: does every run of a sweep compile, fit, and run fast on a TPU slice?
 
-    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--only GLOB] [--json]
+    python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--mode quick|depths|full] [--pod-wide] [--json]
 
 (the launcher hands this module its runs and how it deals them to hosts; nothing here reads a sweep file).
 
@@ -55,6 +55,13 @@ What is reported per run, and where each number comes from:
   half). The summary gives ``chip_hours_low``/``_high`` and the median MFUs.
 - ``remat_suggestion`` (``--remat-search``): the cheapest rematerialisation
   policy (none < dots < full) that fits, found by compiling the cheaper ones.
+- ``method``: ``compiled``, ``re-priced`` (another depth of a compiled
+  width, its layer loop's trip count changed: ``sweeps.preflight.layer_loop``) or
+  ``interpolated`` (between compiled widths of the same tiling, with the
+  measured ``interpolation_error``), as ``--mode`` chose (``sweeps.preflight.quick``:
+  ``quick`` by default, ``depths``, ``full``); ``method_note`` says from what,
+  ``fits_by`` how a run not compiled was judged to fit; ``per_layer`` (compiled
+  rows) is what one more layer adds to each figure.
 - ``compile_cached``: the compiler's answer came from ``sweeps.preflight.compile_cache``
   (the same lowered program for the same slice and compiler was compiled by
   an earlier preflight), so ``compile_seconds`` is only the lookup.
@@ -84,7 +91,8 @@ from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
 from scaling.hardware import GIB, Accelerator
 from scaling.rundir import one_line
-from sweeps.preflight import compile_cache, estimate_range, estimate_store, kernels, prices, roofline
+from sweeps.preflight import (compile_cache, estimate_range, estimate_store, kernels, layer_loop, prices, quick,
+                              roofline)
 from sweeps.preflight.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
 from sweeps.preflight.table import format_table
 from sweeps.preflight.topology import Topology, checked_topology, libtpu_installed, parse_topology, topology_devices
@@ -141,17 +149,18 @@ def program_key(config: TrainConfig) -> tuple:
 
 
 def check_run(name: str, config: TrainConfig, topology: Topology, devices: list, remat_search: bool = False,
-              cache: compile_cache.CompileCache | None = None) -> dict:
+              cache: compile_cache.CompileCache | None = None, per_layer: bool = True) -> dict:
     """Compile one run's train step for the slice and report memory, FLOPs, speed, and PASS/FAIL.
 
     Returns a JSON-ready dict (bytes per device, FLOPs per device per step,
     seconds per step); a compile error becomes a FAIL row with the error,
     never an exception. With ``remat_search``, a run that fits also gets
     ``remat_suggestion``: the cheapest policy that fits (``advice.cheapest_remat``).
-    Compiles go through ``cache`` (default: none, every program is compiled).
+    Compiles go through ``cache`` (default: none, every program is compiled). With ``per_layer`` the row also
+    says what one more layer adds to each figure (``sweeps.preflight.layer_loop``), for re-pricing other depths.
     """
     cache = cache or compile_cache.CompileCache(None)
-    row = _check_one(name, config, topology, devices, cache)
+    row = _check_one(name, config, topology, devices, cache, per_layer)
     if remat_search and row["fits"]:
         found = cheapest_remat(config, lambda candidate: _check_one(name, candidate, topology, devices, cache))
         chosen = found["row"] if found else row
@@ -162,7 +171,7 @@ def check_run(name: str, config: TrainConfig, topology: Topology, devices: list,
 
 
 def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list,
-               cache: compile_cache.CompileCache) -> dict:
+               cache: compile_cache.CompileCache, per_layer: bool = False) -> dict:
     chip = topology.chip
     row = {"name": name, "topology": topology.name, "chips": len(devices), "status": "FAIL", "fits": False,
            "hbm_bytes_per_device": None, "hbm_capacity_bytes": chip.hbm_bytes, "compiler_peak_bytes": None,
@@ -172,7 +181,8 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
            "estimated_mfu": None, "mfu_upper_bound": None, "loops_counted": None, "loops_uncounted": None,
            "kernels_analytic": None, "kernels_uncounted": None, "collectives": None, "compile_seconds": None,
            "compile_cached": False, "remat": config.model.remat, "attention_impl": config.model.attention_impl,
-           "remat_suggestion": None, **estimate_range.EMPTY_FIELDS,
+           "remat_suggestion": None, **estimate_range.EMPTY_FIELDS, "method": "compiled", "method_note": None,
+           "per_layer": None,
            "parameters": None,
            "tokens_per_step": config.batch_size * config.data.seq_len,
            "params_non_embedding": budget.non_embedding_params(config.model.depth, config.model.width),
@@ -219,18 +229,31 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         footprint = Footprint(int(stats.argument_size_in_bytes), state_total, int(stats.temp_size_in_bytes))
         row["suggestion"] = suggest(config, mesh, footprint, chip.hbm_bytes)
 
-    try:
-        estimate = step_estimate(config, mesh, compiled, chip)
-    except Exception as error:  # noqa: BLE001 - the cost estimate is a bonus; the fit verdict stands
-        row["error"] = f"cost estimate unavailable: {one_line(error)}"
-        return row
-    row.update(estimate_fields(config, estimate, len(devices), chip))
-    try:
-        row.update(estimate_range.row_fields(config, compiled.as_text(), topology.generation, mesh.devices.flat,
-                                             kernels.kernel_cost(config.model), len(devices)))
-    except Exception as error:  # noqa: BLE001 - like the roofline above, a bonus: the fit verdict stands
-        row["error"] = f"estimate range unavailable: {one_line(error)}"
+    hlo_text = compiled.as_text()
+    row.update(cost_fields(config, hlo_text, topology, list(mesh.devices.flat)))
+    if per_layer and row.get("estimated_step_seconds") is not None:
+        row["per_layer"] = layer_loop.per_layer(config, hlo_text, lambda priced, text: cost_fields(
+            priced, text, topology, list(mesh.devices.flat)))
     return row
+
+
+def cost_fields(config: TrainConfig, hlo_text: str, topology: Topology, mesh_devices: list) -> dict:
+    """A row's cost fields (the roofline's, then the two estimates and their range) for one compiled step.
+
+    A failing estimate is no exception: its fields stay out and ``error`` says why (the fit verdict stands).
+    """
+    chip, chips = topology.chip, len(mesh_devices)
+    try:
+        estimate = roofline.step_estimate(hlo_text, chip, mesh_devices, kernels.kernel_cost(config.model))
+    except Exception as error:  # noqa: BLE001 - the cost estimate is a bonus; the fit verdict stands
+        return {"error": f"cost estimate unavailable: {one_line(error)}"}
+    fields = estimate_fields(config, estimate, chips, chip)
+    try:
+        fields.update(estimate_range.row_fields(config, hlo_text, topology.generation, mesh_devices,
+                                                kernels.kernel_cost(config.model), chips))
+    except Exception as error:  # noqa: BLE001 - like the roofline above, a bonus: the fit verdict stands
+        fields["error"] = f"estimate range unavailable: {one_line(error)}"
+    return fields
 
 
 def step_estimate(config: TrainConfig, mesh, compiled, chip: Accelerator) -> roofline.StepEstimate:
@@ -266,13 +289,16 @@ def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips:
 
 
 def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, jobs: int = 1,
-               remat_search: bool = False, cache_directory: str | None = None) -> list[dict]:
+               remat_search: bool = False, cache_directory: str | None = None, mode: str = "full") -> list[dict]:
     """Preflight ``runs`` (pairs of name and TrainConfig) for the slice ``topology_name``; one row per run.
 
     Each run is compiled for the mesh it will train on (``checked_topology``);
     runs of one program (differing in seed or learning rate, say) are compiled once and share the row. With
     ``jobs`` > 1 the distinct programs are compiled in that many processes. With
     ``cache_directory``, programs compiled there before are not compiled again (``sweeps.preflight.compile_cache``).
+    ``mode`` (``sweeps.preflight.quick.MODES``) says which programs are compiled: all (``full``), one per width
+    (``depths``) or the fit check and anchor widths (``quick``); the others are re-priced or interpolated
+    from them, and each row's ``method`` says which.
     """
     if not os.environ.get("JAX_PLATFORMS"):
         # Host-side work needs only the CPU; never claim (or wait for) a local TPU.
@@ -284,21 +310,34 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
     first: dict[tuple, tuple[str, TrainConfig]] = {}
     for name, config in runs:
         first.setdefault(program_key(config), (name, config))
+    programs = [quick.Program(key, name, config) for key, (name, config) in first.items()]
+    compile_now = quick.to_compile(programs, mode)
     done: dict[tuple, dict] = {}
-    if jobs > 1 and len(first) > 1:
-        done = _check_in_processes(first, topology.name, jobs, (remat_search, cache_directory), progress, where)
-    else:
-        devices = topology_devices(topology)
-        cache = compile_cache.CompileCache(cache_directory)
-        for key, (name, config) in first.items():
-            if progress is not None:
-                progress(f"compiling {name} for {where} ...")
-            done[key] = check_run(name, config, topology, devices, remat_search, cache)
+    while compile_now:
+        batch = {program.key: (program.name, program.config) for program in compile_now}
+        options = (remat_search, cache_directory, mode != "full")  # --full re-prices nothing
+        done.update(_compile_programs(batch, topology, where, jobs, options, progress))
+        done, compile_now = quick.complete(programs, done, topology.chips, topology.chip)
     rows = []
     for name, config in runs:
         row = done[program_key(config)]
         rows.append(row if row["name"] == name else dict(row, name=name, same_program_as=row["name"]))
     return rows
+
+
+def _compile_programs(first: dict, topology: Topology, where: str, jobs: int, options: tuple, progress) -> dict:
+    """``check_run`` of each program (key -> (name, config)), in ``jobs`` processes when there are several."""
+    if jobs > 1 and len(first) > 1:
+        return _check_in_processes(first, topology.name, jobs, options, progress, where)
+    remat_search, cache_directory, per_layer = options
+    devices = topology_devices(topology)
+    cache = compile_cache.CompileCache(cache_directory)
+    done = {}
+    for key, (name, config) in first.items():
+        if progress is not None:
+            progress(f"compiling {name} for {where} ...")
+        done[key] = check_run(name, config, topology, devices, remat_search, cache, per_layer)
+    return done
 
 
 _WORKER_DEVICES: dict = {}
@@ -307,12 +346,12 @@ _WORKER_DEVICES: dict = {}
 def _check_in_worker(name: str, config: TrainConfig, topology_name: str, options: tuple) -> dict:
     # One compile in a worker process; its compile-only devices are made once per process.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    remat_search, cache_directory = options
+    remat_search, cache_directory, per_layer = options
     topology = parse_topology(topology_name)
     if topology_name not in _WORKER_DEVICES:
         _WORKER_DEVICES[topology_name] = topology_devices(topology)
     return check_run(name, config, topology, _WORKER_DEVICES[topology_name], remat_search,
-                     compile_cache.CompileCache(cache_directory))
+                     compile_cache.CompileCache(cache_directory), per_layer)
 
 
 def _check_in_processes(programs: dict, topology_name: str, jobs: int, options: tuple, progress,
@@ -366,7 +405,9 @@ def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = F
     shares = [deal(list(runs), index, parallel) for index in range(parallel)] if parallel > 1 else None
     step_seconds = {run.run_id: row["estimated_step_seconds"] for run, row in zip(runs, rows) if row["fits"]}
     mode = "host-parallel" if parallel > 1 else ("pod-wide" if slice_topology.hosts > 1 else "single host")
-    distinct = [row for row in rows if not row.get("same_program_as")]
+    distinct = [row for row in rows if not row.get("same_program_as") and row.get("method", "compiled") == "compiled"]
+    priced = [row for row in rows if not row.get("same_program_as") and row.get("method", "compiled") != "compiled"]
+    errors = [row["interpolation_error"] for row in priced if row.get("interpolation_error") is not None]
     unknown = sum(1 for row in rows if row["fits"] and row.get("estimated_step_seconds") is None)
     hours = roofline.sweep_time(step_seconds, runs, topology.chips, shares)
     if unknown:
@@ -377,6 +418,9 @@ def sweep_summary(rows: list[dict], runs, topology_name: str, pod_wide: bool = F
             "loops_uncounted": sum(row.get("loops_uncounted") or 0 for row in distinct),
             "programs_compiled": sum(not row.get("compile_cached") for row in distinct),
             "programs_from_cache": sum(bool(row.get("compile_cached")) for row in distinct),
+            "programs_repriced": sum(row["method"] == "re-priced" for row in priced),
+            "programs_interpolated": sum(row["method"] == "interpolated" for row in priced),
+            "largest_interpolation_error": max(errors) if errors else None,
             "median_estimated_mfu": _median([row.get("estimated_mfu") for row in rows if row["fits"]]), **hours,
             **estimate_range.summary_fields(rows, runs, topology.chips, shares)}
 
@@ -395,7 +439,8 @@ def main(args, runs, deal: Deal | None = None) -> int:
     ``args`` carries ``topology`` (e.g. ``"v5e:4x4"``), ``json`` (print
     ``{"runs": [rows], "summary": {...}}`` instead of the table),
     ``pod_wide``, ``jobs`` (compile processes), ``remat_search`` and
-    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``) and
+    ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``), ``mode``
+    (``sweeps.preflight.quick.MODES``, default "quick"; ``full`` true for "full") and
     ``prices`` (a price file, or None: ``sweeps.preflight.prices.load_prices``).
     ``runs`` are the runs to check (the launcher's ``RunSpec``s, after ``--only``:
     ``name``, ``run_id``, ``config``); ``deal`` as for ``sweep_summary``.
@@ -418,10 +463,12 @@ def main(args, runs, deal: Deal | None = None) -> int:
     jobs = getattr(args, "jobs", None) or 1
     started = time.perf_counter()
     cache_directory = compile_cache.default_directory(getattr(args, "compile_cache", None))
+    mode = "full" if getattr(args, "full", False) else (getattr(args, "mode", None) or "quick")
     rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide, jobs=jobs,
                       remat_search=getattr(args, "remat_search", False), cache_directory=cache_directory,
-                      progress=lambda text: print(text, file=sys.stderr, flush=True))
+                      progress=lambda text: print(text, file=sys.stderr, flush=True), mode=mode)
     summary = sweep_summary(rows, runs, topology.name, pod_wide, deal)
+    summary["preflight_mode"] = mode
     summary["preflight_seconds"] = round(time.perf_counter() - started, 1)
     summary["jobs"] = jobs
     summary["estimates_kept"] = estimate_store.save(cache_directory, runs, rows, topology.name)

@@ -30,10 +30,22 @@ def _loops(row: dict) -> str:
     return f"{row['loops_counted']}" + (f" ({uncounted} not)" if uncounted else "")
 
 
+def _method(row: dict) -> str:
+    """How the row was priced: compile seconds, ``re-priced``, ``interpolated ±x%`` (``sweeps.preflight.quick``)."""
+    if row.get("same_program_as"):
+        return "same as " + row["same_program_as"]
+    method = row.get("method", "compiled")
+    if method == "interpolated":
+        return f"interpolated ±{row['interpolation_error']:.1%}"
+    if method != "compiled":
+        return method
+    return _cell(row["compile_seconds"], ".1f") + (" cached" if row.get("compile_cached") else "")
+
+
 def format_table(rows: list[dict], summary: dict | None = None) -> str:
     """A plain-text table of preflight rows (GiB per chip, TFLOP and GB per chip per step, seconds), then notes."""
     header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "ICI GB/chip", "step s", "bound", "MFU est",
-              "MFU causal", "MFU max", "loops", "compile s", "result")
+              "MFU causal", "MFU max", "loops", "compile s / method", "result")
     lines = []
     for row in rows:
         lines.append((row["name"], _gib(row["hbm_bytes_per_device"]), _gib(row["hbm_capacity_bytes"]),
@@ -45,8 +57,7 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                       _range(row, "mfu_causal_low", "mfu_causal_high", "", ".1%"),
                       _cell(row["mfu_upper_bound"], ".1%", row),
                       _loops(row),
-                      "same as " + row["same_program_as"] if row.get("same_program_as") else
-                      _cell(row["compile_seconds"], ".1f") + (" cached" if row.get("compile_cached") else ""),
+                      _method(row),
                       row["status"]))
     text = text_table(list(header), lines, align=("left",) + ("right",) * (len(header) - 1)).splitlines()
     for row in rows:
@@ -89,7 +100,15 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                         f"{fmt(summary.get('median_mfu_causal_high'), '.1%')})")
         if summary.get("price_line"):
             text.append(summary["price_line"])
-        if summary.get("programs_from_cache"):
+        if summary.get("programs_repriced") or summary.get("programs_interpolated"):
+            error = summary.get("largest_interpolation_error")
+            text.append(f"programs ({summary.get('preflight_mode', 'quick')} mode): {summary['programs_compiled']} "
+                        f"compiled, {summary['programs_from_cache']} from the compile cache, "
+                        f"{summary['programs_repriced']} re-priced (a compiled width's layer loop run to their "
+                        f"depth), {summary['programs_interpolated']} interpolated between compiled widths of "
+                        f"their tiling" + (f" (±{error:.1%} at most, measured leave-one-out)" if error is not None
+                                          else "") + "; --full compiles every one (sweeps/preflight/quick.py)")
+        elif summary.get("programs_from_cache"):
             text.append(f"programs: {summary['programs_compiled']} compiled, {summary['programs_from_cache']} from "
                         "the compile cache (sweeps/preflight/compile_cache.py; --compile-cache off to compile all)")
     return "\n".join(text)
