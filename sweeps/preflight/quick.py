@@ -60,13 +60,8 @@ class Program:
     name: str
     config: TrainConfig
 
-    @property
-    def depth(self) -> int:
-        return self.config.model.depth
-
-    @property
-    def width(self) -> int:
-        return self.config.model.width
+    depth = property(lambda self: self.config.model.depth, doc="layers L")
+    width = property(lambda self: self.config.model.width, doc="model width d")
 
     @property
     def family(self) -> str:
