@@ -16,9 +16,22 @@ shapes, dtypes and shardings; ``member_abstract_state``), so it checkpoints, res
 alone, and ``stack_states`` packs solo states (restored anywhere) into any position of any pack.
 Both move only each device's own shards (no collective, no host copy).
 
-Numerically a member follows its solo run to float32 rounding, not bitwise: the batched matrix
-products of the vmapped step may be blocked and summed in another order than the solo step's
-(``tests/test_packed.py`` states the tolerance).
+How the runs are batched (``BATCHINGS``): ``vmap`` turns each operation of the step into one over
+all k runs (batched matrix products: the way to fill a TPU or GPU); ``map`` loops over the runs
+inside the one compiled step (``jax.lax.map``), each iteration the solo step on one run's slice. On
+a CPU the vmapped step is slower than the runs one after another (``benchmarks/packed_throughput.py``,
+``--parts``): its matrix products alone are as fast batched as one by one, and its optimizer is
+faster, but its forward and backward pass are slower (L2-d64, 6 runs: 0.4-0.6× the runs' speed
+alone). There every activation is k times larger: attention's vmapped core, softmax and norms slow
+down most (to ~0.3× alone, measured part by part; our reading: their working set outgrows a core's
+2 MiB cache), and XLA adds transposes and copies to
+bring the batched products to its matrix kernels' layouts (d64, k=6: 80 transposes and 169 copies
+against the solo step's 40 and 119). ``map`` keeps a solo run's working set and is the default on
+CPU. ``map`` needs the runs axis to be 1.
+
+Numerically a member follows its solo run to float32 rounding, not bitwise: XLA fuses, blocks and
+sums the batched (or looped) step in another order than the solo step (``tests/test_packed.py``
+states the tolerance).
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ from scaling.config import TrainConfig
 from scaling.program import Program, ProgramShape, _build, _eval_step, _train_step
 
 RUNS = mesh_lib.RUNS_AXIS
+BATCHINGS = ("vmap", "map")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +61,7 @@ class PackedProgram:
     solo: Program  # one run's program on group 0's devices: the model, the shape, a member's state layout
     mesh: Mesh  # axes (runs, data, fsdp, tensor)
     size: int  # runs in the pack (k); a multiple of the mesh's runs axis
+    batching: str  # one of BATCHINGS: how the step goes over the runs
     state_shardings: dict  # the solo state's shardings with the run axis first, on ``runs``
     abstract_state: dict  # ShapeDtypeStructs [k, ...] carrying their shardings
     abstract_hparams: dict  # the same for the stacked hyperparameters
@@ -86,11 +101,19 @@ def pack_shape(configs: list[TrainConfig], **program_arguments) -> ProgramShape:
     return shapes[0]
 
 
-def build_packed(shape: ProgramShape, mesh: Mesh, size: int) -> PackedProgram:
-    """The packed program of ``size`` runs of ``shape`` on ``mesh`` (from ``mesh.make_packed_mesh``).
+def default_batching(mesh: Mesh) -> str:
+    """``map`` on CPU meshes whose runs axis is 1 (see the module docstring), else ``vmap``."""
+    cpu = mesh.devices.flat[0].platform == "cpu"
+    return "map" if cpu and mesh.shape[RUNS] == 1 else "vmap"
 
-    Raises ValueError naming ``size`` unless the mesh's runs axis divides it, or ``batch_size`` if a
-    group's data×fsdp does not divide the batch. Built once per process for each (shape, mesh, size).
+
+def build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str | None = None) -> PackedProgram:
+    """The packed program of ``size`` runs of ``shape`` on ``mesh`` (from ``mesh.make_packed_mesh``);
+    ``batching`` is one of ``BATCHINGS`` (default: ``default_batching(mesh)``).
+
+    Raises ValueError naming ``size`` unless the mesh's runs axis divides it, ``batching`` if it is
+    unknown or ``map`` with a runs axis above 1, or ``batch_size`` if a group's data×fsdp does not
+    divide the batch. Built once per process for each (shape, mesh, size, batching).
     """
     if RUNS not in mesh.shape:
         raise ValueError(f"mesh axes {tuple(mesh.shape)} have no {RUNS!r} axis: make it with "
@@ -98,12 +121,16 @@ def build_packed(shape: ProgramShape, mesh: Mesh, size: int) -> PackedProgram:
     if size < 1 or size % mesh.shape[RUNS]:
         raise ValueError(f"size={size} is invalid: allowed a positive multiple of the mesh's runs axis "
                          f"({mesh.shape[RUNS]})")
+    batching = default_batching(mesh) if batching is None else batching
+    if batching not in BATCHINGS or (batching == "map" and mesh.shape[RUNS] > 1):
+        raise ValueError(f"batching={batching!r} is invalid: allowed {BATCHINGS}, and 'map' only with a runs "
+                         f"axis of 1 (this mesh's is {mesh.shape[RUNS]})")
     mesh_lib.check_batch(mesh, shape.batch_size, process_count=1, microbatches=shape.microbatches)
-    return _build_packed(shape, mesh, size)
+    return _build_packed(shape, mesh, size, batching)
 
 
 @functools.lru_cache(maxsize=4)
-def _build_packed(shape: ProgramShape, mesh: Mesh, size: int) -> PackedProgram:
+def _build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str) -> PackedProgram:
     solo = _build(shape, mesh_lib.group_mesh(mesh, 0))
     state_shardings = jax.tree_util.tree_map(lambda sharding: _stacked(sharding, mesh), solo.state_shardings)
     abstract_state = jax.tree_util.tree_map(
@@ -115,9 +142,21 @@ def _build_packed(shape: ProgramShape, mesh: Mesh, size: int) -> PackedProgram:
     stacked_batch = NamedSharding(mesh, PartitionSpec(RUNS, ("data", "fsdp")))
     shared_batch = mesh_lib.batch_sharding(mesh)  # one batch for every run: rows over data×fsdp in each group
 
-    def vmapped(step, in_axes=0):
-        # spmd_axis_name puts the run axis of the model's activation constraints on ``runs`` too.
-        mapped = jax.vmap(step, in_axes=in_axes, spmd_axis_name=RUNS)
+    def over_runs(step, shared=()):
+        """``step`` over the leading run axis of every argument but those numbered in ``shared``."""
+        if batching == "vmap":
+            # spmd_axis_name puts the run axis of the model's activation constraints on ``runs`` too.
+            mapped = jax.vmap(step, in_axes=tuple(None if i in shared else 0 for i in range(3)),
+                              spmd_axis_name=RUNS)
+        else:
+            def mapped(*args):
+                same = {i: args[i] for i in shared}
+                each = tuple(arg for i, arg in enumerate(args) if i not in shared)
+
+                def one(sliced):
+                    sliced = iter(sliced)
+                    return step(*(same[i] if i in shared else next(sliced) for i in range(len(args))))
+                return jax.lax.map(one, each)
 
         @functools.wraps(step)
         def traced(*args):
@@ -125,16 +164,17 @@ def _build_packed(shape: ProgramShape, mesh: Mesh, size: int) -> PackedProgram:
                 return mapped(*args)
         return traced
 
+    # The initial state is vmapped in either batching: it runs once, and its random bits are the solo run's.
     init = jax.jit(jax.vmap(_state_initializer(solo), spmd_axis_name=RUNS), in_shardings=per_run,
                    out_shardings=state_shardings)
-    train_step = jax.jit(vmapped(_train_step(shape, solo.model)), donate_argnums=0,
+    train_step = jax.jit(over_runs(_train_step(shape, solo.model)), donate_argnums=0,
                          in_shardings=(state_shardings, stacked_batch, per_run),
                          out_shardings=(state_shardings, per_run))
-    eval_step = jax.jit(vmapped(_eval_step(shape, solo.model), in_axes=(0, None, None)),
+    eval_step = jax.jit(over_runs(_eval_step(shape, solo.model), shared=(1, 2)),
                         in_shardings=(state_shardings["params"], shared_batch, mesh_lib.replicated(mesh)),
                         out_shardings=(per_run, per_run, per_run))
-    return PackedProgram(solo, mesh, size, state_shardings, abstract_state, abstract_hparams, stacked_batch, init,
-                         train_step, eval_step)
+    return PackedProgram(solo, mesh, size, batching, state_shardings, abstract_state, abstract_hparams,
+                         stacked_batch, init, train_step, eval_step)
 
 
 def _stacked(sharding, mesh: Mesh):

@@ -1,9 +1,12 @@
 """Packed runs (scaling/packed.py): k runs of one shape as one vmapped program, each member a solo run.
 
+Every check runs in both batchings (``vmap``, ``map``) where the runs share devices.
+
 Tolerance. A member's losses equal its solo run's to a relative 2e-6 (measured: at most 2 float32
-ulps, ~1e-7, over 5 steps), not bitwise: the vmapped step's matrix products are batched
-dot_generals, which XLA:CPU blocks and sums in another order than the solo step's plain products,
-and the few-ulp differences in the gradient then carry through Adam. The initial states are
+ulps, ~1e-7, over 5 steps), not bitwise: XLA:CPU compiles the packed step (vmapped: batched
+dot_generals; mapped: the solo step in a loop) into other fusions than the solo step, so its sums
+run in another order; the few-ulp differences in the gradient then carry through Adam (vmap: the
+states after 5 steps differ by ~3e-7 relative; map: equal in one measurement, which the tests do not rely on). The initial states are
 bitwise equal (the same random bits), and packing and unpacking states moves bits, so those
 checks are exact.
 """
@@ -66,9 +69,11 @@ def train_packed(pack, configs_, steps=STEPS, state=None, start=0):
     return rows, state
 
 
-def one_device_pack(configs_):
+def one_device_pack(configs_, batching):
     mesh = mesh_lib.make_packed_mesh(MeshConfig(), runs=1, devices=tiny.one_device())
-    return packed.build_packed(packed.pack_shape(configs_, **arguments(configs_[0])), mesh, len(configs_))
+    pack = packed.build_packed(packed.pack_shape(configs_, **arguments(configs_[0])), mesh, len(configs_), batching)
+    assert pack.batching == batching
+    return pack
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +83,10 @@ def solo_runs():
     return [train_solo(config, mesh) for config in THREE]
 
 
-@pytest.fixture(scope="module")
-def pack_of_three():
-    """THREE trained as one pack on one device: (pack, per-step metrics, state)."""
-    pack = one_device_pack(THREE)
+@pytest.fixture(scope="module", params=packed.BATCHINGS)
+def pack_of_three(request):
+    """THREE trained as one pack on one device, in each batching: (pack, per-step metrics, state)."""
+    pack = one_device_pack(THREE, request.param)
     rows, state = train_packed(pack, THREE)
     return pack, rows, state
 
@@ -97,16 +102,17 @@ def test_a_packed_run_trains_as_it_does_alone(solo_runs, pack_of_three):
 
 
 def test_the_initial_state_is_the_solo_runs_bit_for_bit():
-    pack = one_device_pack(THREE)
+    pack = one_device_pack(THREE, "vmap")
     state = pack.init(packed.stack_keys([c.seed for c in THREE]))
     for member, config in enumerate(THREE):
         solo = pack.solo.init(jax.random.PRNGKey(config.seed))
         jax.tree_util.tree_map(np.testing.assert_array_equal, packed.member_state(pack, state, member), solo)
 
 
-def test_a_diverging_member_keeps_its_state_while_the_others_train_on(solo_runs):
+@pytest.mark.parametrize("batching", packed.BATCHINGS)
+def test_a_diverging_member_keeps_its_state_while_the_others_train_on(solo_runs, batching):
     runs = [THREE[0], configs((1, 1e30))[0], THREE[2]]  # member 1's second step (the first at a rate > 0) blows up
-    pack = one_device_pack(runs)
+    pack = one_device_pack(runs, batching)
     state = pack.init(packed.stack_keys([c.seed for c in runs]))
     hparams = packed.stack_hyperparameters([program.hyperparameters(c) for c in runs])
     finite, before = [], None
@@ -173,6 +179,18 @@ def test_configs_of_different_shapes_are_refused():
         packed.pack_shape([THREE[0], wider], **arguments(wider))
     with pytest.raises(ValueError, match="runs=3 is invalid"):
         mesh_lib.make_packed_mesh(MeshConfig(), runs=3, devices=jax.devices()[:8])
+    shape = packed.pack_shape(THREE, **arguments(THREE[0]))
+    four_groups = mesh_lib.make_packed_mesh(MeshConfig(), runs=4, devices=jax.devices()[:8])
+    with pytest.raises(ValueError, match="size=6 is invalid"):
+        packed.build_packed(shape, four_groups, 6)
+    with pytest.raises(ValueError, match="batching='map' is invalid"):
+        packed.build_packed(shape, four_groups, 4, "map")
+
+
+def test_a_cpu_pack_loops_over_its_runs_unless_they_have_devices_of_their_own():
+    one_group = mesh_lib.make_packed_mesh(MeshConfig(), runs=1, devices=jax.devices()[:8])
+    assert packed.default_batching(one_group) == "map"  # see scaling/packed.py and benchmarks/packed_throughput.py
+    assert packed.default_batching(mesh_lib.make_packed_mesh(MeshConfig(), runs=4, devices=jax.devices()[:8])) == "vmap"
 
 
 # ---------------------------------------------------------------------------
