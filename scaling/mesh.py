@@ -6,6 +6,8 @@ The mesh has three named axes:
   sharded (ZeRO-3 style), so a large model never sits whole on one device;
 - ``tensor``: Megatron-style splitting of heads, feed-forward and vocabulary.
 The global batch is split over ``data`` × ``fsdp``.
+Packed runs (``scaling.packed``) add a leading ``runs`` axis (``make_packed_mesh``): each group of
+devices along it trains whole runs of one shape on its own data × fsdp × tensor mesh.
 
 Parameters carry logical axis names (see ``scaling.model``). ``MeshConfig.rules``
 maps each name to mesh axes. A dimension that a mesh axis does not divide
@@ -91,6 +93,42 @@ def make_mesh(config: MeshConfig, devices=None) -> Mesh:
                          f"({type(error).__name__}: {reason}); choose mesh sizes that fit the slice, "
                          "e.g. mesh.data=-1") from None
     return Mesh(grid, AXES)
+
+
+RUNS_AXIS = "runs"
+
+
+def make_packed_mesh(config: MeshConfig, runs: int, devices=None) -> Mesh:
+    """A ``Mesh`` with axes (runs, data, fsdp, tensor) over ``devices`` (default: all devices of all hosts).
+
+    The devices split into ``runs`` groups; each group has ``config``'s data×fsdp×tensor mesh over its
+    len(devices)/runs devices (-1 axes resolve against the group). Packed runs place their run axis on
+    ``runs``, so a group trains whole runs with no collectives across groups; ``runs=1`` gives every
+    run every device. Raises ValueError naming ``runs`` if it does not divide the devices.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if runs < 1 or len(devices) % runs:
+        raise ValueError(f"runs={runs} is invalid: allowed a divisor of the {len(devices)} devices")
+    sizes = mesh_shape(config, len(devices) // runs)
+    shape = (runs,) + tuple(sizes[axis] for axis in AXES)
+    if devices[0].platform == "cpu":
+        return Mesh(np.asarray(devices).reshape(shape), (RUNS_AXIS,) + AXES)
+    from jax.experimental import mesh_utils
+
+    try:
+        grid = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
+    except Exception as error:  # noqa: BLE001 - as in make_mesh: a plain reshape would give a slow device order
+        reason = (str(error).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"mesh runs×data×fsdp×tensor = {'×'.join(map(str, shape))} cannot be laid out on the "
+                         f"{len(devices)} devices of this topology ({type(error).__name__}: {reason}); choose "
+                         "sizes that fit the slice") from None
+    return Mesh(grid, (RUNS_AXIS,) + AXES)
+
+
+def group_mesh(packed_mesh: Mesh, group: int) -> Mesh:
+    """The (data, fsdp, tensor) mesh of one group of a ``make_packed_mesh`` mesh: the devices that train
+    that group's runs, laid out as a solo run of the same ``MeshConfig`` on them would be."""
+    return Mesh(packed_mesh.devices[group], AXES)
 
 
 def batch_axes_size(mesh: Mesh) -> int:
