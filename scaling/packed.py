@@ -48,7 +48,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scaling import mesh as mesh_lib, optim as optim_lib
 from scaling.config import TrainConfig
-from scaling.program import Program, ProgramShape, _build, _eval_step, _train_step
+from scaling.program import Program, ProgramShape, build_shape, eval_step_function, train_step_function
 
 RUNS = mesh_lib.RUNS_AXIS
 BATCHINGS = ("vmap", "map")
@@ -131,7 +131,7 @@ def build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str | Non
 
 @functools.lru_cache(maxsize=4)
 def _build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str) -> PackedProgram:
-    solo = _build(shape, mesh_lib.group_mesh(mesh, 0))
+    solo = build_shape(shape, mesh_lib.group_mesh(mesh, 0))
     state_shardings = jax.tree_util.tree_map(lambda sharding: _stacked(sharding, mesh), solo.state_shardings)
     abstract_state = jax.tree_util.tree_map(
         lambda leaf, sharding: jax.ShapeDtypeStruct((size,) + leaf.shape, leaf.dtype, sharding=sharding),
@@ -167,10 +167,10 @@ def _build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str) -> 
     # The initial state is vmapped in either batching: it runs once, and its random bits are the solo run's.
     init = jax.jit(jax.vmap(_state_initializer(solo), spmd_axis_name=RUNS), in_shardings=per_run,
                    out_shardings=state_shardings)
-    train_step = jax.jit(over_runs(_train_step(shape, solo.model)), donate_argnums=0,
+    train_step = jax.jit(over_runs(train_step_function(shape, solo.model)), donate_argnums=0,
                          in_shardings=(state_shardings, stacked_batch, per_run),
                          out_shardings=(state_shardings, per_run))
-    eval_step = jax.jit(over_runs(_eval_step(shape, solo.model), shared=(1, 2)),
+    eval_step = jax.jit(over_runs(eval_step_function(shape, solo.model), shared=(1, 2)),
                         in_shardings=(state_shardings["params"], shared_batch, mesh_lib.replicated(mesh)),
                         out_shardings=(per_run, per_run, per_run))
     return PackedProgram(solo, mesh, size, batching, state_shardings, abstract_state, abstract_hparams,

@@ -119,6 +119,22 @@ def build(config: TrainConfig, mesh, *, mask_id: int | None = None, random_token
     return _build(shape, mesh)
 
 
+def build_shape(shape: ProgramShape, mesh) -> Program:
+    """The ``Program`` of ``shape`` on ``mesh`` (built once per process, as ``build``), for code that already
+    has the shape, such as the packed program of several runs (``scaling.packed``)."""
+    return _build(shape, mesh)
+
+
+def train_step_function(shape: ProgramShape, model: Transformer) -> Callable:
+    """The unjitted train step of ``shape``: ``(state, batch, hparams) -> (state, metrics)``."""
+    return _train_step(shape, model)
+
+
+def eval_step_function(shape: ProgramShape, model: Transformer) -> Callable:
+    """The unjitted eval step of ``shape``: ``(params, batch, rng) -> (loss_sum, tokens, correct)``."""
+    return _eval_step(shape, model)
+
+
 def forget_programs() -> None:
     """Drop the programs built so far in this process: the next ``build`` traces and compiles afresh (for
     code that changes how a step is traced, such as a test that switches the activation constraints off,
