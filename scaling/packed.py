@@ -218,7 +218,8 @@ def global_batch(local_batches: list[dict], packed: PackedProgram, batch_size: i
     if len(local_batches) != packed.size:
         raise ValueError(f"{len(local_batches)} batches for a pack of {packed.size} runs")
     stacked = {key: np.stack([batch[key] for batch in local_batches]) for key in local_batches[0]}
-    return {key: jax.make_array_from_process_local_data(packed.batch_sharding, value, (packed.size, batch_size) + value.shape[2:])
+    return {key: jax.make_array_from_process_local_data(packed.batch_sharding, value,
+                                                        (packed.size, batch_size) + value.shape[2:])
             for key, value in stacked.items()}
 
 
