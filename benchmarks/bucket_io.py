@@ -210,4 +210,7 @@ def print_slow_bucket(proxy, bucket: str, delay_ms: float) -> None:
 
 
 if __name__ == "__main__":
+    from scaling.entry import prepare_process
+
+    prepare_process()  # as every command line does first: no TPU probe on a CPU machine; the storage emulator
     sys.exit(main())

@@ -152,4 +152,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from scaling.entry import prepare_process
+
+    prepare_process()  # as every command line does first: no TPU probe on a CPU machine; the storage emulator
     main()

@@ -190,4 +190,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from scaling.entry import prepare_process
+
+    prepare_process()  # as every command line does first: no TPU probe on a CPU machine; the storage emulator
     sys.exit(main())

@@ -138,4 +138,7 @@ def _percent(value) -> str:
 
 
 if __name__ == "__main__":
+    from scaling.entry import prepare_process
+
+    prepare_process()  # as every command line does first: no TPU probe on a CPU machine; the storage emulator
     sys.exit(main())

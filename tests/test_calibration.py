@@ -1,4 +1,4 @@
-"""The calibration path: a preflight's estimate of each run is kept (sweeps/estimate_store.py), dry-run prices
+"""The calibration path: a preflight's estimate of each run is kept (sweeps/preflight/estimate_store.py), dry-run prices
 the sweep with it, the launcher hands it to the trainer, the run record keeps it beside the measured MFU,
 and status prints both."""
 
@@ -42,7 +42,7 @@ def test_a_real_preflight_estimate_reaches_dry_run_the_record_and_status(tmp_pat
     low, high = summary["chip_hours_low"], summary["chip_hours_high"] or summary["chip_hours_low"]
     assert summary["cost"]["device"] == "v5e" and summary["cost"]["usd_on_demand"] == pytest.approx(
         [low * 1.20, high * 1.20])
-    assert "sweeps/price_table.py" in summary["price_line"]
+    assert "sweeps/preflight/price_table.py" in summary["price_line"]
     assert summary["price_line"] in preflight_table.format_table(report["runs"], summary).splitlines()
 
     monkeypatch.setenv("SCALING_PREFLIGHT_CACHE", str(cache))  # where dry-run and run look for estimates
@@ -105,7 +105,8 @@ def test_the_new_record_fields_are_optional_and_checked():
     base = dict(run_id="r", status="running", depth=1, width=16, seed=0, params_non_embedding=3072, point_id="p",
                 lr_rule="constant", peak_lr=1e-3, planned_steps=8, schema_version=2)
     record = records.from_dict(base)
-    assert (record.mfu, record.estimated_step_seconds, record.estimated_mfu, record.estimate_source) == (None,) * 3 + ("",)
+    estimate = (record.mfu, record.estimated_step_seconds, record.estimated_mfu, record.estimate_source)
+    assert estimate == (None, None, None, "")
     kept = records.from_dict({**base, "mfu": 0.1, "estimated_mfu": 0.3, "estimated_step_seconds": 0.5,
                               "estimate_source": "preflight"})
     assert records.from_dict(json.loads(kept.to_json())) == kept

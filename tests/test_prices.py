@@ -73,13 +73,13 @@ def test_a_prices_file_comes_first_and_a_catalog_without_its_columns_is_refused(
 def test_without_a_catalog_the_shipped_table_names_its_source_and_date(tmp_path):
     (tmp_path / ".sky").mkdir()  # SkyPilot installed, its catalog not yet downloaded
     table = prices.load_prices(home=str(tmp_path))
-    assert "sweeps/price_table.py" in table.source and "SkyPilot" in table.source
+    assert "sweeps/preflight/price_table.py" in table.source and "SkyPilot" in table.source
     assert re.fullmatch(r"read \d{4}-\d\d-\d\d", table.date)
     assert table.price("v5e").on_demand == (1.20, 1.20) and table.price("v5e").spot == (0.24493, 0.60)
     # A damaged SkyPilot catalog is SkyPilot's problem, not the user's: the shipped table, saying why.
     write_catalog(tmp_path, text="InstanceType,Price\n")
     table = prices.load_prices(home=str(tmp_path))
-    assert "sweeps/price_table.py" in table.source and "missing column AcceleratorName" in table.source
+    assert "sweeps/preflight/price_table.py" in table.source and "missing column AcceleratorName" in table.source
 
 
 @pytest.mark.parametrize("text, message", [

@@ -116,7 +116,8 @@ def compiler_estimate(hlo_text: str, generation: str, devices, kernel_cost=None,
     """The compiler's estimate of one execution of a compiled step (``compiled.as_text()``) on ``devices``."""
     clock = tensorcore.clock_hz(generation)
     if clock is None:
-        return CompilerEstimate(None, None, 0, 0, None, f"no clock known for {generation} (sweeps/tensorcore.py)")
+        return CompilerEstimate(None, None, 0, 0, None,
+                                f"no clock known for {generation} (sweeps/preflight/tensorcore.py)")
     if not _CYCLES.search(hlo_text):
         return CompilerEstimate(None, None, 0, 0, clock, "the compiled program carries no estimated_cycles")
     coster = {}

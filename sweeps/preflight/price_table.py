@@ -12,7 +12,7 @@ out. GPU prices are the GPUs alone: the VM that hosts them (a3-highgpu-1g: about
 in us-central1) is billed on top. Prices change: pass ``--prices FILE`` (same format) for current ones.
 """
 
-SOURCE = ("the project's price table (sweeps/price_table.py), read from SkyPilot's published GCP catalog "
+SOURCE = ("the project's price table (sweeps/preflight/price_table.py), read from SkyPilot's published GCP catalog "
           "v8 (skypilot-org/skypilot-catalog@006059e0f18a, gcp/vms.csv), US regions")
 READ_ON = "2026-11-25"
 

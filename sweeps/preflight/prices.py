@@ -40,7 +40,7 @@ from scaling import hardware
 from sweeps.preflight import price_table
 
 # Peak dense bf16 FLOP/s per device, for dry-run's time when no preflight has run. TPUs: the Cloud TPU
-# pages (as sweeps/roofline.py's CHIPS); GPUs: NVIDIA's data sheets (SXM parts, without sparsity).
+# pages (as scaling/hardware.py's table); GPUs: NVIDIA's data sheets (SXM parts, without sparsity).
 # Dense bfloat16 peak per device (scaling.hardware's table), by the names prices use.
 PEAK_FLOPS = {**{chip.name: chip.bf16_flops for chip in hardware.ACCELERATORS if chip.platform != "cpu"},
               "A100-80GB": hardware.A100.bf16_flops}

@@ -86,7 +86,7 @@ def plan(todo, sweep, measured_speed: float | None, estimates: dict, device: str
         guess = f"{GUESSED_UTILISATION:.0%} of {peak_text}, a guess"
     if estimated:
         entry = estimates[estimated[0].run_id]
-        source = (f"the preflight's estimated step times (sweeps/estimate_store.py; "
+        source = (f"the preflight's estimated step times (sweeps/preflight/estimate_store.py; "
                   f"{entry.get('slice')}, {str(entry.get('written', ''))[:10]})")
         how = source if len(estimated) == len(todo) else (
             f"{source} for {len(estimated)} of {len(todo)} runs, the others at {guess}")
