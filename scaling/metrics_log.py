@@ -8,8 +8,12 @@ so name order is step order), and bytes written grow linearly with the run.
 A ``metrics.jsonl`` on an object store (written by older code) is read
 first, as the earliest part.
 
-``read_metrics(run_dir)`` returns the rows in step order from either layout;
-lines cut short by a crash are skipped.
+``read_metrics(run_dir)`` returns one row per step, in step order, from
+either layout; lines cut short by a crash are skipped. A step can be written
+twice: a resumed run keeps the row of its resume step on disk and writes it
+again once what it logs there is merged in, so that a run killed before that
+write loses nothing. Rows of one step merge, the one written later winning
+field by field.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 
 from etils import epath
 
-from scaling.storage import is_remote, write_atomic
+from scaling.storage import file_sizes, is_remote, read_text, write_atomic
 
 LOG_FILE = "metrics.jsonl"
 PARTS_FOLDER = "metrics"
@@ -37,6 +41,16 @@ def _parse(text: str) -> list[tuple[str, dict]]:
     return rows
 
 
+def _part_name(first: dict, last: dict) -> str:
+    """The object name of a part holding the rows ``first`` to ``last`` (zero-padded: name order is step order)."""
+    return f"{first['step']:010d}-{last['step']:010d}.jsonl"
+
+
+def read_part(part) -> list[dict]:
+    """The whole rows of one part of a metrics log (a file or an object), in the order written."""
+    return [row for _, row in _parse(read_text(part))]
+
+
 class MetricsLog:
     """The metrics log of the run directory ``run_dir`` (local path or URI)."""
 
@@ -49,26 +63,40 @@ class MetricsLog:
     def parts(self) -> list[epath.Path]:
         """The files holding rows, in step order (one locally; on object stores, one per flush)."""
         found = [self.file] if self.file.exists() else []
-        if self.remote and self.folder.exists():
-            found += sorted((p for p in self.folder.iterdir() if p.name.endswith(".jsonl")), key=lambda p: p.name)
+        if self.remote:
+            try:  # a fresh listing: this process's own writes and deletions go through another client
+                names = file_sizes(self.folder)
+            except FileNotFoundError:
+                names = {}
+            found += [self.folder / name for name in sorted(names) if name.endswith(".jsonl")]
         return found
 
     def cut(self, keep_until_step: int | None) -> dict | None:
-        """Drop rows after ``keep_until_step`` (all rows if None); return the row of that step, removed too,
-        so that what a resumed run logs there merges into it (None if there is none)."""
+        """Drop rows after ``keep_until_step`` (all rows if None); return the row of that step (a copy), so
+        that what a resumed run logs there merges into it (None if there is none).
+
+        The row itself stays on disk until the resumed run writes it again (the reader merges the two): a
+        run killed in between, before its first flush, would otherwise lose that step's row for good."""
         held = None
         for part in self.parts():
-            rows = _parse(part.read_text()) if keep_until_step is not None else []
-            kept = [line for line, row in rows if row["step"] < keep_until_step]
-            for _, row in rows:
+            rows = _parse(read_text(part)) if keep_until_step is not None else []
+            kept = [(line, row) for line, row in rows if row["step"] <= keep_until_step]
+            for _, row in kept:
                 if row["step"] == keep_until_step:
-                    held = {k: v for k, v in row.items() if k != "step"}
+                    held = {**(held or {}), **{k: v for k, v in row.items() if k != "step"}}
+            text = "".join(line + "\n" for line, _ in kept)
             if part == self.file and not self.remote:
-                write_atomic(part, "".join(line + "\n" for line in kept))
+                if len(kept) != len(rows):
+                    write_atomic(part, text)
             elif not kept:
                 part.unlink()
             elif len(kept) != len(rows):
-                write_atomic(part, "".join(line + "\n" for line in kept))
+                # Renamed to the steps it now holds, written before the old name goes: name order stays
+                # write order when the resumed run's first part starts at the same step.
+                renamed = part if part == self.file else self.folder / _part_name(kept[0][1], kept[-1][1])
+                write_atomic(renamed, text)
+                if renamed != part:
+                    part.unlink()
         return held
 
     def append(self, rows: list[dict]) -> None:
@@ -80,13 +108,14 @@ class MetricsLog:
             with self.file.open("a") as handle:
                 handle.write(text)
             return
-        name = f"{rows[0]['step']:010d}-{rows[-1]['step']:010d}.jsonl"
-        write_atomic(self.folder / name, text)  # object stores need no folder made first
+        write_atomic(self.folder / _part_name(rows[0], rows[-1]), text)  # object stores need no folder made first
 
 
 def read_metrics(run_dir) -> list[dict]:
-    """Every row of the run's metrics log, in the order written (step order), from either layout."""
-    rows = []
+    """One row per step of the run's metrics log, in step order, from either layout; rows of one step
+    written twice (a resume) are merged, the later one winning field by field."""
+    by_step: dict[int, dict] = {}
     for part in MetricsLog(run_dir).parts():
-        rows.extend(row for _, row in _parse(part.read_text()))
-    return rows
+        for row in read_part(part):
+            by_step.setdefault(row["step"], {}).update(row)
+    return [by_step[step] for step in sorted(by_step)]

@@ -22,12 +22,11 @@ record). Imports neither JAX nor the model.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 
 from scaling import records
-from scaling.metrics_log import MetricsLog
+from scaling.metrics_log import MetricsLog, read_part
 
 RUN_ID_PATTERN = re.compile(r"[0-9a-f]{12}")  # scaling.config.config_id's form; sweeps name run directories so
 RELATIVE_TOLERANCE = 1e-9  # the two numbers are one float written twice; allow the last digit only
@@ -52,14 +51,7 @@ def logged_final_eval_loss(run_dir, step: int) -> float | None:
     Reads the log's parts from the newest back (on object stores the last part
     holds the last step: one request, not the whole log)."""
     for part in reversed(MetricsLog(run_dir).parts()):
-        rows = []
-        for line in part.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                rows.append(row)
+        rows = read_part(part)
         found = [row.get("eval_loss") for row in rows if row["step"] == step and "eval_loss" in row]
         if found:
             value = found[-1]

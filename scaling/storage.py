@@ -50,6 +50,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 CLOUD_STORAGE_URL = "https://storage.googleapis.com"  # what gcsfs and google-cloud-storage reach without an emulator
@@ -122,6 +123,15 @@ def file_sizes(folder) -> dict[str, int]:
     fs, key = _filesystem(os.fspath(folder))
     return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry["size"])
             for entry in fs.ls(key, detail=True, refresh=True) if entry["type"] == "file"}
+
+
+def read_text(path) -> str:
+    """The text of the file ``path``; on an object store one request for the whole object, answered by the
+    server (not by a size gcsfs cached in an earlier listing, stale once another writer replaced it)."""
+    if not is_remote(path):
+        return Path(os.fspath(path)).read_text()
+    fs, key = _filesystem(os.fspath(path))
+    return fs.cat_file(key).decode()
 
 
 def read_ranges(paths: Sequence, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:

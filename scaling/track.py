@@ -52,14 +52,16 @@ class Tracker:
     The display is a tqdm bar on a terminal and plain periodic lines otherwise
     (``scaling.progress``).
 
-    ``metrics.jsonl`` holds exactly one row per step: metrics logged at the
-    same step (training loss, then an evaluation) are merged into one row,
-    written once a later step is logged or at ``flush``. When a run resumes
-    from a checkpoint at step S (``keep_until_step=S``), rows after S, left by
-    the interrupted segment, are removed first and the row of step S is held
-    back so that what the resumed run logs at S merges into it; a fresh start
-    (``keep_until_step=None``) clears the file. Non-finite values are written
-    as null, so the file is strict JSON.
+    ``metrics.jsonl`` reads back as exactly one row per step: metrics logged
+    at the same step (training loss, then an evaluation) are merged into one
+    row, written once a later step is logged or at ``flush``. When a run
+    resumes from a checkpoint at step S (``keep_until_step=S``), rows after S,
+    left by the interrupted segment, are removed first and the row of step S
+    is held so that what the resumed run logs at S merges into it; it is
+    written again then, and the reader merges the two (a resume killed before
+    that write keeps the row). A fresh start (``keep_until_step=None``)
+    clears the file. Non-finite values are written as null, so the file is
+    strict JSON.
 
     On object stores the rows are uploaded behind the training loop
     (``write_behind.py``), in order; ``flush(wait=True)`` and ``close`` wait

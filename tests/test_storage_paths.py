@@ -116,6 +116,30 @@ def test_metrics_are_new_objects_per_flush_and_a_resume_cuts_them(gcs):
                                  {"step": 4, "loss": 0.25}]
 
 
+def test_a_resume_killed_before_its_first_write_keeps_its_row_on_an_object_store(gcs):
+    # A resume at step 2 cuts the part holding steps 2-3 down to step 2 (renamed to what it holds) and keeps
+    # that row there until the resumed run writes it again: killed before then, nothing is lost.
+    run = f"{gcs}/run"
+    tracker = Tracker(run, total_steps=4, start_step=0, config={}, name="t", mode="disabled", show_progress=False)
+    tracker.log(1, {"loss": 1.0})
+    tracker.log(2, {"loss": 0.5})
+    tracker.log(3, {"loss": 0.3})
+    tracker.flush(wait=True)
+    tracker.discard_pending()  # steps 2-3 in one part: rows written together
+    killed = Tracker(run, total_steps=4, start_step=2, config={}, name="t", mode="disabled",
+                     show_progress=False, keep_until_step=2)
+    killed.discard_pending()
+    assert sorted(k for k in keys(gcs) if k.startswith("run/metrics/"))[-1] == "run/metrics/0000000002-0000000002.jsonl"
+    assert read_metrics(run) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}]
+    resumed = Tracker(run, total_steps=4, start_step=2, config={}, name="t", mode="disabled",
+                      show_progress=False, keep_until_step=2)
+    resumed.log(2, {"eval_loss": 9.0})
+    resumed.log(3, {"loss": 0.3})
+    resumed.close()
+    assert read_metrics(run) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "eval_loss": 9.0},
+                                 {"step": 3, "loss": 0.3}]
+
+
 def write_record(directory, name, depth, width, loss):
     run = epath.Path(directory) / name
     run.mkdir(parents=True, exist_ok=True)

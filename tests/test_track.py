@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 import tiny
+from scaling.metrics_log import read_metrics
 
 
 def _wandb_records(path: Path):
@@ -79,9 +80,25 @@ def test_a_resumed_tracker_merges_into_the_restored_step(tmp_path):
     tracker.log(20, {"eval_loss": 2.5})
     tracker.log(25, {"loss": 2.9})
     tracker.close()
-    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    written = read_metrics(tmp_path)
     assert [r["step"] for r in written] == [0, 5, 10, 15, 20, 25]
     assert written[4] == {"step": 20, "loss": 3.0, "eval_loss": 2.5}
+
+
+def test_a_resume_killed_before_its_first_write_loses_no_row(tmp_path):
+    # The resumed segment holds step 20's row to merge into it; killed before writing it (a SIGKILL while
+    # compiling), the next resume must still find that row on disk.
+    from scaling.track import Tracker
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5.0 - s / 10}) + "\n"
+                                                    for s in range(0, 35, 5)))
+    killed = Tracker(tmp_path, total_steps=40, start_step=20, config={}, name="t", mode="disabled",
+                     show_progress=False, keep_until_step=20)
+    killed.discard_pending()  # dies holding step 20's row, written nowhere since
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 5, 10, 15, 20]
+    resumed = Tracker(tmp_path, total_steps=40, start_step=20, config={}, name="t", mode="disabled",
+                      show_progress=False, keep_until_step=20)
+    assert resumed.pending(20) == {"loss": 3.0}
 
 
 def test_every_wandb_run_opens_one_way(tmp_path):
