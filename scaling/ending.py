@@ -43,9 +43,15 @@ class AlreadyFinished(Exception):
         self.record = record
 
 
+class ResumesElsewhere(Exception):
+    """A run of a pack (``scaling.pack_train``) whose newest checkpoint is at another step than the pack's:
+    it leaves the pack before it trains, with nothing recorded, and trains alone or in another pack."""
+
+
 # Raised before a run begins (nothing of it is recorded): a directory holding another config's run, a run
-# another live process trains, a record of an older schema that must be migrated first.
-REFUSED = (rundir.ConfigMismatch, lease_lib.RunBusy, records.OutdatedRecord)
+# another live process trains, a record of an older schema that must be migrated first, a run that leaves its
+# pack to resume at its own step.
+REFUSED = (rundir.ConfigMismatch, lease_lib.RunBusy, records.OutdatedRecord, ResumesElsewhere)
 
 
 class Ending(NamedTuple):

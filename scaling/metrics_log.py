@@ -9,11 +9,12 @@ A ``metrics.jsonl`` on an object store (written by older code) is read
 first, as the earliest part.
 
 ``read_metrics(run_dir)`` returns one row per step, in step order, from
-either layout; lines cut short by a crash are skipped. A step can be written
-twice: a resumed run keeps the row of its resume step on disk and writes it
-again once what it logs there is merged in, so that a run killed before that
-write loses nothing. Rows of one step merge, the one written later winning
-field by field.
+either layout; lines cut short by a crash are skipped. A resumed run keeps
+the row of its resume step on disk until it writes that row again, with
+what it logs there merged in (locally one atomic rewrite; on object stores
+the new part first, then the old row removed), so a run killed in between
+loses nothing. Should a kill leave a step written twice on an object store,
+the reader merges the two, the one written later winning field by field.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class MetricsLog:
         self.remote = is_remote(run_dir)
         self.file = self.run_dir / LOG_FILE
         self.folder = self.run_dir / PARTS_FOLDER
+        self.held_step: int | None = None  # the step whose row ``cut`` held; ``append`` replaces it
 
     def parts(self) -> list[epath.Path]:
         """The files holding rows, in step order (one locally; on object stores, one per flush)."""
@@ -75,15 +77,27 @@ class MetricsLog:
         """Drop rows after ``keep_until_step`` (all rows if None); return the row of that step (a copy), so
         that what a resumed run logs there merges into it (None if there is none).
 
-        The row itself stays on disk until the resumed run writes it again (the reader merges the two): a
-        run killed in between, before its first flush, would otherwise lose that step's row for good."""
+        The row itself stays on disk until the resumed run writes it again (``append`` then replaces it):
+        a run killed in between, before its first flush, would otherwise lose that step's row for good."""
         held = None
+        if keep_until_step is not None:
+            for part in self.parts():
+                for row in read_part(part):
+                    if row["step"] == keep_until_step:
+                        held = {**(held or {}), **{k: v for k, v in row.items() if k != "step"}}
+        self._drop_from(None if keep_until_step is None else keep_until_step + 1)
+        self.held_step = keep_until_step if held is not None else None
+        return held
+
+    def _drop_from(self, first_step: int | None, spare=None) -> None:
+        """Remove the rows of steps ``first_step`` and later (every row if None) from every part but ``spare``.
+        A part cut short is renamed to the steps it still holds, written before the old name goes: name
+        order stays write order when a resumed run's first part starts at the step it kept."""
         for part in self.parts():
-            rows = _parse(read_text(part)) if keep_until_step is not None else []
-            kept = [(line, row) for line, row in rows if row["step"] <= keep_until_step]
-            for _, row in kept:
-                if row["step"] == keep_until_step:
-                    held = {**(held or {}), **{k: v for k, v in row.items() if k != "step"}}
+            if part == spare:
+                continue
+            rows = _parse(read_text(part)) if first_step is not None else []
+            kept = [(line, row) for line, row in rows if row["step"] < first_step]
             text = "".join(line + "\n" for line, _ in kept)
             if part == self.file and not self.remote:
                 if len(kept) != len(rows):
@@ -91,24 +105,31 @@ class MetricsLog:
             elif not kept:
                 part.unlink()
             elif len(kept) != len(rows):
-                # Renamed to the steps it now holds, written before the old name goes: name order stays
-                # write order when the resumed run's first part starts at the same step.
                 renamed = part if part == self.file else self.folder / _part_name(kept[0][1], kept[-1][1])
                 write_atomic(renamed, text)
                 if renamed != part:
                     part.unlink()
-        return held
 
     def append(self, rows: list[dict]) -> None:
-        """Add ``rows`` (each with an integer ``step``, in step order, after every row written so far)."""
+        """Add ``rows`` (each with an integer ``step``, in step order, after every row written so far; the
+        first may be the step ``cut`` held, which it then replaces)."""
         if not rows:
             return
         text = "".join(json.dumps(row, allow_nan=False) + "\n" for row in rows)
+        replaces = self.held_step is not None and rows[0]["step"] <= self.held_step
+        self.held_step = None
         if not self.remote:
+            if replaces:  # one atomic rewrite: the held row is on disk until its replacement is
+                kept = [line for line, row in _parse(read_text(self.file)) if row["step"] < rows[0]["step"]]
+                write_atomic(self.file, "".join(line + "\n" for line in kept) + text)
+                return
             with self.file.open("a") as handle:
                 handle.write(text)
             return
-        write_atomic(self.folder / _part_name(rows[0], rows[-1]), text)  # object stores need no folder made first
+        written = self.folder / _part_name(rows[0], rows[-1])
+        write_atomic(written, text)  # object stores need no folder made first
+        if replaces:  # then the held row goes (killed in between, the reader merges the two)
+            self._drop_from(rows[0]["step"], spare=written)
 
 
 def read_metrics(run_dir) -> list[dict]:

@@ -106,6 +106,9 @@ class RunRecord:
     wall_seconds: float = 0.0
     train_seconds: float | None = None
     mfu: float | None = None
+    # Runs trained together as one program with this one, itself included (``scaling.pack_train``; 1: alone).
+    # A packed run's ``mfu`` and tokens per second are its own tokens over the pack's time: its share.
+    pack_size: int = 1
     # What the preflight expected of it (``sweeps.preflight.estimate_store``), beside the measured ``mfu``.
     estimated_step_seconds: float | None = None
     estimated_mfu: float | None = None

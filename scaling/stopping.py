@@ -159,6 +159,20 @@ class Stop:
         return Preempted(f"stopped by {self.signal or 'SIGTERM'} {when}")
 
 
+class MemberStop:
+    """One ``Stop`` as one run of a pack (``scaling.pack_train``) sees it: the shared signal and check
+    schedule, and a lease of its own, so that a lease taken over ends that run alone."""
+
+    def __init__(self, shared: Stop, lease):
+        self.shared, self.lease = shared, lease
+
+    def __getattr__(self, name):  # everything but the lease is the shared stop's
+        return getattr(self.shared, name)
+
+    lease_lost = Stop.lease_lost
+    check_lease = Stop.check_lease
+
+
 class StopCheck:
     """Whether to stop for SIGTERM, agreed by all processes at steps they all know in advance.
 

@@ -198,8 +198,9 @@ def open_wandb_run(directory, *, mode: str, **fields):
         return None
     import wandb
 
+    # create_new: the runs of a pack (scaling.pack_train) are open at once, each its own wandb run.
     return _init_wandb(dict(resume="allow", mode=mode, dir=None if is_remote(directory) else str(directory),
-                            settings=wandb.Settings(silent=True, console="off"), **fields))
+                            reinit="create_new", settings=wandb.Settings(silent=True, console="off"), **fields))
 
 
 def _init_wandb(kwargs: dict, attempts: int = 6, wait_seconds: float = 5.0):

@@ -117,13 +117,13 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
     stop = Stop() if stop is None else stop
     # Listen from the start: a preemption while the data loads or the step compiles stops the run too;
     # and first, so that the stop's grace period (stopping.py) also bounds releasing the lease.
-    with stop.listening(), _run_lease(run_dir) as run_lease:
-        finished = _finished_record(run_dir, config_id(config))
+    with stop.listening(), run_lease(run_dir) as held:
+        finished = finished_record(run_dir, config_id(config))
         if finished is not None:
             if raise_if_finished:
                 raise AlreadyFinished(finished)
             return finished
-        with stop.watching(run_lease), Member(run_dir, config, run_lease, stop, estimate).ending() as member:
+        with stop.watching(held), Member(run_dir, config, held, stop, estimate).ending() as member:
             pipeline = data.build(config.data)
             resolved = resolve_config(config, pipeline)  # before the record is filled in: its counts follow it
             member.begin(resolved, pipeline.fingerprint)
@@ -138,21 +138,21 @@ def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=Non
 
 
 @contextlib.contextmanager
-def _run_lease(run_dir: epath.Path):
+def run_lease(run_dir: epath.Path):
     """The run's lease, held while inside. None with several processes: pod-wide jobs agree through the
     launcher instead, since only process 0 could hold a lease."""
     if multihost.process_count() > 1:
         yield None
         return
-    run_lease = lease_lib.Lease(run_dir).acquire()
+    held = lease_lib.Lease(run_dir).acquire()
     try:
-        yield run_lease
+        yield held
     finally:
-        if not run_lease.lost:
-            run_lease.release()
+        if not held.lost:
+            held.release()
 
 
-def _finished_record(run_dir: epath.Path, run_id: str) -> records.RunRecord | None:
+def finished_record(run_dir: epath.Path, run_id: str) -> records.RunRecord | None:
     """The run's record if it already finished (process 0's reading, on every process), else None.
     A record that is not run ``run_id``'s, or whose final loss the metrics log does not hold, is not trusted."""
     try:
@@ -194,15 +194,25 @@ class Start(NamedTuple):
     resumed: bool
 
 
-def _restore_or_init(checkpoints: Checkpoints, program: Program, seed: int, name: str) -> Start:
-    """The newest checkpoint that reads back whole (damaged newer ones are reported), else a fresh state."""
+def restore_newest(checkpoints: Checkpoints, name: str) -> Start | None:
+    """The newest checkpoint that reads back whole as a ``Start`` (damaged newer ones are reported), or None."""
     restored = checkpoints.restore_newest()
     for line in checkpoints.skipped:
         print(f"warning: {name}: damaged checkpoint passed over, {line}", file=sys.stderr)
+    return None if restored is None else Start(*restored, resumed=True)
+
+
+def fresh_meta() -> dict:
+    """A new run's checkpoint metadata: a new wandb id, nothing measured yet."""
+    return {"wandb_id": new_wandb_id(), "initial_eval_loss": None, "wall_seconds": 0.0, "train_seconds": 0.0}
+
+
+def _restore_or_init(checkpoints: Checkpoints, program: Program, seed: int, name: str) -> Start:
+    """The newest checkpoint that reads back whole, else a fresh state."""
+    restored = restore_newest(checkpoints, name)
     if restored is not None:
-        return Start(*restored, resumed=True)
-    meta = {"wandb_id": new_wandb_id(), "initial_eval_loss": None, "wall_seconds": 0.0, "train_seconds": 0.0}
-    return Start(program.init(jax.random.PRNGKey(seed)), meta, 0, resumed=False)
+        return restored
+    return Start(program.init(jax.random.PRNGKey(seed)), fresh_meta(), 0, resumed=False)
 
 
 # ---------------------------------------------------------------------------

@@ -24,8 +24,9 @@ from typing import Callable, NamedTuple
 
 import jax
 
-from scaling import checkpoints, lease, progress, rundir, train
+from scaling import checkpoints, lease, pack_train, progress, records, rundir, train
 from scaling.cli import fmt
+from scaling.ending import ResumesElsewhere
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
 from sweeps import busy as busy_lib
 from sweeps.spec import RunSpec
@@ -86,7 +87,11 @@ class RunLoop:
 
     def train_one(self, run: RunSpec) -> int | None:
         """Attempt ``run`` and do what its outcome says; an exit status if the sweep stops here."""
-        step, line = self.attempt(run)
+        return self.carry_out(run, *self.attempt(run))
+
+    def carry_out(self, run: RunSpec, step: Next, line: str | None, check_stop: bool = True) -> int | None:
+        """Do what one attempt at ``run`` says (``step``), say ``line``; an exit status if the sweep stops
+        here. ``check_stop``: stop the sweep after this run if a signal came (a pack checks once, after all)."""
         if step.held:
             self.busy.append(run)
             if run.run_id in self.announced:  # once, not at every poll
@@ -100,39 +105,112 @@ class RunLoop:
             return step.exit_code
         if step.done:
             self.bar.update(1)
-        if self.stop.any_process():  # all stop together, or the others would wait in the next run
+        if check_stop and self.stop.any_process():  # all stop together, or the others would wait in the next run
             self.say(f"stopping after {run.name}: {self.stop.signal or 'SIGTERM'} received; rerun the same command "
                      "to resume")
             return PREEMPTED_EXIT_CODE
         return None
+
+    def train_packs(self, packs: list[list[RunSpec]], desc: str) -> int | None:
+        """Train ``packs`` in order, each as one program (``scaling.pack_train``; a pack of one alone), then
+        as ``train`` does the runs other launchers hold. A run that left its pack to resume at its own step
+        trains alone right after it. An exit status if the sweep stops early, else None."""
+        queue = [run for pack in packs for run in pack]
+        self.bar = progress.bar(total=len(queue), desc=desc, unit="run", interval=0, dynamic_ncols=True,
+                                file=sys.stderr, shown=self.show_progress)
+        with self.stop.listening(), contextlib.closing(self.bar):
+            self.busy = []
+            for pack in packs:
+                code = self.train_pack(pack)
+                if code is not None:
+                    return code
+            while self.busy and self.when_busy == "wait":
+                held = self.wait_for_held()
+                if self.stop.requested:
+                    self.say(f"stopped while waiting: {self.stop.signal} received; rerun the same command to resume")
+                    return PREEMPTED_EXIT_CODE
+                self.busy = []
+                for run in held:
+                    code = self.train_one(run)
+                    if code is not None:
+                        return code
+        return None
+
+    def train_pack(self, pack: list[RunSpec]) -> int | None:
+        """Train one pack and do what each run's outcome says (``train_one`` for a pack of one)."""
+        if len(pack) == 1:
+            return self.train_one(pack[0])
+        alone = []
+        outcomes = self.attempt_pack(pack)
+        for run, (step, line) in zip(pack, outcomes):
+            if step is None:  # left the pack to resume at its own step
+                alone.append(run)
+                self.say(line)
+                continue
+            code = self.carry_out(run, step, line, check_stop=False)
+            if code is not None:
+                return code
+        if self.stop.any_process():
+            self.say(f"stopping after the pack of {', '.join(run.name for run in pack)}: "
+                     f"{self.stop.signal or 'SIGTERM'} received; rerun the same command to resume")
+            return PREEMPTED_EXIT_CODE
+        for run in alone:
+            code = self.train_one(run)
+            if code is not None:
+                return code
+        return None
+
+    def attempt_pack(self, pack: list[RunSpec]) -> list[tuple[Next | None, str]]:
+        """Train ``pack`` as one program; per run what to do next and the line saying why (``Next`` None: it
+        left the pack and trains alone next)."""
+        arguments = [self.train_arguments(run) for run in pack]
+        names = ", ".join(run.name for run in pack)
+        self.say(f"pack of {len(pack)} runs as one program: {names}")
+        outcomes = pack_train.run_pack([run.config for run in pack], [run.run_dir(self.workdir) for run in pack],
+                                       show_progress=self.show_progress, stop=self.stop,
+                                       estimates=[a.get("estimate") for a in arguments])
+        results = []
+        for run, outcome in zip(pack, outcomes):
+            if isinstance(outcome, ResumesElsewhere):
+                results.append((None, f"{run.name}: {outcome}"))
+            else:
+                results.append(self.outcome(run, outcome))
+        return results
 
     def attempt(self, run: RunSpec) -> tuple[Next, str]:
         """Train ``run`` unless another launcher has finished it; what to do next, and the line saying why."""
         # Finished by another launcher since we looked? (Pod-wide, process 0's list is what counts.)
         if jax.process_count() == 1 and read_state(run, self.workdir).status == "finished":
             return DONE, f"{run.name}: already finished by another launcher"
-        run_dir = run.run_dir(self.workdir)
         try:
-            result = train.run(run.config, run_dir, show_progress=self.show_progress, stop=self.stop,
-                               raise_if_finished=True, **self.train_arguments(run))
-        except train.AlreadyFinished:  # finished by another launcher after the check above
+            result = train.run(run.config, run.run_dir(self.workdir), show_progress=self.show_progress,
+                               stop=self.stop, raise_if_finished=True, **self.train_arguments(run))
+        except Exception as error:  # noqa: BLE001 - each is one outcome of the run (``outcome``)
+            return self.outcome(run, error)
+        return self.outcome(run, result)
+
+    def outcome(self, run: RunSpec, result) -> tuple[Next, str]:
+        """What to do after ``run`` ended with ``result``: its record, or the exception that ended it."""
+        if isinstance(result, records.RunRecord):
+            return DONE, (f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
+                          + progress.run_time(result.steps, result.train_seconds, result.wall_seconds))
+        if isinstance(result, train.AlreadyFinished):  # finished by another launcher after the check above
             return DONE, f"{run.name}: already finished by another launcher"
-        except Preempted as stopped:
-            return STOPPED, f"{run.name}: {stopped}; rerun the same command to resume"
-        except lease.RunBusy as error:
-            return HELD, f"{run.name}: skipped, another launcher holds it: {error}"
-        except LeaseLost as error:
-            return HELD, f"{run.name}: stopped: {error}"
-        except rundir.ConfigMismatch as error:
-            return FAILED, f"{run.name}: not trained: {error}"
-        except Exception as error:  # noqa: BLE001 - the trainer recorded it; report one line, go on
-            if checkpoints.abandoned_writes():
-                return STORAGE_LOST, f"{run.name}: failed: {rundir.one_line(error)}; stopping the sweep"
-            log = run_dir / "error.log"
-            where = f"traceback in {log}" if log.exists() else f"run directory {run_dir}"
-            return FAILED, f"{run.name}: failed: {rundir.one_line(error)} ({where})"
-        return DONE, (f"{run.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
-                      + progress.run_time(result.steps, result.train_seconds, result.wall_seconds))
+        if isinstance(result, Preempted):
+            return STOPPED, f"{run.name}: {result}; rerun the same command to resume"
+        if isinstance(result, lease.RunBusy):
+            return HELD, f"{run.name}: skipped, another launcher holds it: {result}"
+        if isinstance(result, LeaseLost):
+            return HELD, f"{run.name}: stopped: {result}"
+        if isinstance(result, rundir.ConfigMismatch):
+            return FAILED, f"{run.name}: not trained: {result}"
+        if not isinstance(result, Exception):  # KeyboardInterrupt, SystemExit: not a run's outcome
+            raise result
+        if checkpoints.abandoned_writes():
+            return STORAGE_LOST, f"{run.name}: failed: {rundir.one_line(result)}; stopping the sweep"
+        log = run.run_dir(self.workdir) / "error.log"
+        where = f"traceback in {log}" if log.exists() else f"run directory {run.run_dir(self.workdir)}"
+        return FAILED, f"{run.name}: failed: {rundir.one_line(result)} ({where})"
 
     def wait_for_held(self) -> list[RunSpec]:
         """One poll of the runs other launchers hold (``sweeps/busy.py``); the runs to try again."""

@@ -9,7 +9,7 @@ import tiny
 from scaling import budget, lease as lease_lib, member as member_lib, records, rundir, train
 from scaling.checkpoints import CheckpointError, WriteAbandoned
 from scaling.config import DataConfig, config_id, to_dict
-from scaling.ending import REFUSED, AlreadyFinished, Ending, as_raised, ending
+from scaling.ending import REFUSED, AlreadyFinished, Ending, ResumesElsewhere, as_raised, ending
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
 from scaling.track import Tracker
 
@@ -28,6 +28,7 @@ def _finished_record() -> records.RunRecord:
     (rundir.ConfigMismatch("another config's run"), Ending(None, 1, 2)),
     (lease_lib.RunBusy("held by another"), Ending(None, 1, 2)),
     (records.OutdatedRecord("schema 1"), Ending(None, 1, 2)),
+    (ResumesElsewhere("resumes from step 4, its pack from step 0"), Ending(None, 1, 2)),
     (AlreadyFinished(_finished_record()), Ending(None, 0, 0)),
     (CheckpointError("checkpoint of step 4 failed"), Ending("failed", 1, 1)),
     (WriteAbandoned("not finished after 5 s", stopped=False), Ending("failed", 1, 1)),
@@ -36,7 +37,7 @@ def _finished_record() -> records.RunRecord:
 ], ids=lambda value: type(value).__name__)
 def test_each_end_maps_to_one_status_and_two_exit_codes(error, expected):
     assert ending(error) == expected
-    assert set(REFUSED) == {rundir.ConfigMismatch, lease_lib.RunBusy, records.OutdatedRecord}
+    assert set(REFUSED) == {rundir.ConfigMismatch, lease_lib.RunBusy, records.OutdatedRecord, ResumesElsewhere}
 
 
 def test_a_run_that_trained_to_its_end_exits_by_its_status():
