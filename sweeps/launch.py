@@ -1,10 +1,10 @@
 """Launch, inspect and resume a sweep.
 
-    python -m sweeps.launch list      SWEEP_FILE --workdir DIR [--shard I/N] [--json]
-    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide] [--device KIND]
-           [--prices FILE] [--json]
-    python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pod-wide]
-    python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--json]
+    python -m sweeps.launch list      SWEEP_FILE --workdir DIR [--shard I/N] [--pack K] [--json]
+    python -m sweeps.launch dry-run   SWEEP_FILE --workdir DIR [--shard I/N] [--pack K] [--pod-wide]
+           [--device KIND] [--prices FILE] [--json]
+    python -m sweeps.launch run       SWEEP_FILE --workdir DIR [--shard I/N] [--pack K] [--pod-wide]
+    python -m sweeps.launch status    SWEEP_FILE --workdir DIR [--shard I/N] [--pack K] [--json]
     python -m sweeps.launch preflight SWEEP_FILE --topology v5e:4x4 [--pod-wide] [--jobs N] [--remat-search]
            [--compile-cache DIR|off] [--prices FILE] [--json]
     python -m sweeps.launch hosts     [--pod-wide] [--shard I/N] [--check] [--json]
@@ -28,6 +28,12 @@ another live launcher holds (its lease) is waited for, and taken over once
 the lease goes stale; with ``--when-busy exit`` the launcher exits 75 naming
 it instead (``sweeps/busy.py``). So 0 means every run of the share is done.
 The command line itself is built in ``sweeps/launch_parser.py``.
+
+Packs: with ``--pack K`` (or the sweep file's ``pack``) above 1, ``run``
+trains up to K runs of one shape together as one program, grouped by
+``sweeps/packing.py``; ``list``, ``status`` and ``dry-run`` then show the
+pack each run to train would join (a ``pack`` column, and ``pack`` in every
+run's JSON, null for runs with nothing to train). With 1 nothing changes.
 
 Using many hosts (``sweeps.hosts`` decides, and lists where it reads what;
 ``hosts --json`` shows the decision):
@@ -54,7 +60,7 @@ import sys
 
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
-from sweeps import cloud, hosts
+from sweeps import cloud, hosts, packing
 from sweeps import spec as spec_lib
 from sweeps.launch_parser import build_parser
 from sweeps.spec import RunSpec, Sweep
@@ -104,14 +110,44 @@ def _read_share(sweep: Sweep, args, allow_env: bool):
 # Reading commands: list, dry-run, status
 
 
+def pack_size(sweep: Sweep, args) -> int:
+    """The most runs per pack: ``--pack``, else the sweep file's ``pack``."""
+    return sweep.pack if getattr(args, "pack", None) is None else args.pack
+
+
+def cheapest_first(states: list[RunState]) -> list[RunState]:
+    """The states of the runs to train, in the order ``run`` trains them: cheapest first (FLOPs, then run id)."""
+    return sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
+
+
+def plan_from_states(states: list[RunState], pack: int) -> list[packing.Pack]:
+    """The packs ``run`` would train the runs of ``states`` in, each run starting from its newest checkpoint."""
+    todo = cheapest_first(states)
+    start = {s.spec.run_id: s.checkpoint_step or 0 for s in todo}
+    return packing.plan_packs([s.spec for s in todo], pack, lambda run: start[run.run_id])
+
+
+def _shown_packs(plan: list[packing.Pack], pack: int) -> dict[str, str] | None:
+    """Run id -> pack label for tables: None (no ``pack`` column, the tables as they were) at pack size 1."""
+    return packing.labels(plan) if pack > 1 else None
+
+
+def _with_packs(rows: list[dict], states: list[RunState], plan: list[packing.Pack]) -> list[dict]:
+    """JSON rows of ``states`` with each run's pack label (None for a run with nothing to train)."""
+    labels = packing.labels(plan)
+    return [{**row, "pack": labels.get(state.spec.run_id)} for row, state in zip(rows, states)]
+
+
 def cmd_list(sweep: Sweep, args) -> int:
     runs, skipped, which, states = _read_share(sweep, args, allow_env=False)
+    pack = pack_size(sweep, args)
+    plan = plan_from_states(states, pack)
     if args.json:
-        print(json.dumps({"sweep": sweep.name, "runs": [s.to_dict() for s in states],
+        print(json.dumps({"sweep": sweep.name, "runs": _with_packs([s.to_dict() for s in states], states, plan),
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"sweep {sweep.name}: {which}; run directories under {os.path.join(str(args.workdir), sweep.name)}")
-    print(run_table(states, sweep.multiple_of))
+    print(run_table(states, sweep.multiple_of, _shown_packs(plan, pack)))
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
@@ -138,6 +174,8 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
 
     runs, skipped, which, states = _read_share(sweep, args, allow_env=True)
     todo = [s for s in states if s.status in TO_TRAIN]
+    pack = pack_size(sweep, args)
+    packs = plan_from_states(states, pack)
     flops, tokens = sum(s.spec.flops for s in todo), sum(s.spec.tokens for s in todo)
     estimates = estimate_store.latest_for(compile_cache.default_directory(None), [s.spec for s in todo])
     plan = sweep_cost.plan([s.spec for s in todo], sweep, _throughput(read_states(runs, args.workdir)), estimates,
@@ -145,21 +183,31 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
                            prices.load_prices(getattr(args, "prices", None)))
     fast, slow = plan.device_hours
     if args.json:
-        rows = [{**s.to_dict(), "action": _action(s), "flops": s.spec.flops} for s in states]
+        rows = _with_packs([{**s.to_dict(), "action": _action(s), "flops": s.spec.flops} for s in states],
+                           states, packs)
         extra = {"device_hours_range": [fast, slow]} if plan.is_range else {}
         print(json.dumps({"sweep": sweep.name, "share": which, "runs": rows, "to_train": len(todo),
                           "tokens": tokens, "flops": flops, "device_hours": slow,
                           "speed_flops_per_second": flops / slow / 3600 if slow else None, **extra,
                           "device": plan.device, "preflight_runs": plan.preflight_runs, "cost": plan.cost,
+                          "pack_size": pack, "packs": [p.describe() for p in packs],
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"dry run of sweep {sweep.name}: {which}")
     header = ["name", "L", "d", "N (12·L·d²)", "seed", "status", "action", "tokens", "FLOPs"]
-    print(text_table(header, [[s.spec.name, s.spec.depth, s.spec.width, f"{s.spec.params:.3g}", s.spec.seed,
-                               s.status, _action(s), f"{s.spec.tokens:.3g}", f"{s.spec.flops:.2g}"] for s in states]))
+    rows = [[s.spec.name, s.spec.depth, s.spec.width, f"{s.spec.params:.3g}", s.spec.seed, s.status, _action(s),
+             f"{s.spec.tokens:.3g}", f"{s.spec.flops:.2g}"] for s in states]
+    labels = _shown_packs(packs, pack)
+    if labels is not None:  # a pack column after the action
+        header.insert(7, "pack")
+        for row, state in zip(rows, states):
+            row.insert(7, labels.get(state.spec.run_id, "-"))
+    print(text_table(header, rows))
     tally = collections.Counter(s.status for s in states)
     print(f"would train {len(todo)} run(s): {tally['pending']} new, {tally['resumable']} resumed, "
           f"{tally['failed']} retried; skip {tally['finished']} finished, {tally['diverged']} diverged")
+    if pack > 1:
+        print(packing.plan_line(packs, pack))
     print(f"cost: {tokens:.3g} training tokens, ≈{flops:.2g} FLOPs "
           f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {plan.duration()} at {plan.how}")
     print(plan.price_line)
@@ -170,20 +218,22 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
 
 def cmd_status(sweep: Sweep, args) -> int:
     _, skipped, which, states = _read_share(sweep, args, allow_env=False)
+    pack = pack_size(sweep, args)
     if args.json:
-        print(status_json(sweep, states, skipped, which, args.workdir))
+        print(status_json(sweep, states, skipped, which, args.workdir, pack))
         return 0
-    print(summary(sweep, states, args.workdir))
+    print(summary(sweep, states, args.workdir, _shown_packs(plan_from_states(states, pack), pack)))
     for line in unreadable_lines(states):
         print(line)
     return 0
 
 
-def status_json(sweep: Sweep, states: list[RunState], skipped, which: str, workdir) -> str:
-    """The ``status --json`` object: counts per status and one entry per run."""
+def status_json(sweep: Sweep, states: list[RunState], skipped, which: str, workdir, pack: int) -> str:
+    """The ``status --json`` object: counts per status and one entry per run, with the pack (of at most
+    ``pack`` runs) it would train in next (null for runs with nothing to train)."""
+    runs = _with_packs([s.to_dict() for s in states], states, plan_from_states(states, pack))
     return json.dumps({"sweep": sweep.name, "workdir": str(workdir), "share": which, "total": len(states),
-                       "counts": counts(states), "runs": [s.to_dict() for s in states],
-                       "skipped": [s._asdict() for s in skipped]}, indent=2)
+                       "counts": counts(states), "runs": runs, "skipped": [s._asdict() for s in skipped]}, indent=2)
 
 
 # ---------------------------------------------------------------------------
@@ -210,13 +260,20 @@ def cmd_run(sweep: Sweep, args) -> int:
     todo = _runs_to_train(sweep, runs, skipped, mine, which, args.workdir, say)
     loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy,
                    train_arguments=preflight_estimates())  # each run's record keeps the preflight's estimate
-    code = loop.train([state.spec for state in todo], desc=f"sweep {sweep.name}")
+    pack = pack_size(sweep, args)
+    if pack > 1:
+        packs = packing.plan_packs([state.spec for state in todo], pack, agreed_start_steps(todo))
+        say(packing.plan_line(packs, pack))
+        code = loop.train_packs(packs, desc=f"sweep {sweep.name}")
+    else:
+        code = loop.train([state.spec for state in todo], desc=f"sweep {sweep.name}")
     if code is not None:
         return code
     all_states = read_states(runs, args.workdir)
     if main_process:
-        print(status_json(sweep, all_states, skipped, f"all {len(runs)} runs", args.workdir) if args.json
-              else summary(sweep, all_states, args.workdir), flush=True)
+        print(status_json(sweep, all_states, skipped, f"all {len(runs)} runs", args.workdir, pack) if args.json
+              else summary(sweep, all_states, args.workdir, _shown_packs(plan_from_states(all_states, pack), pack)),
+              flush=True)
         if loop.busy:
             say(busy_lib.exit_message([run.name for run in loop.busy]))
         # Only when this launch had runs to train: a no-op rerun of a finished sweep would otherwise add
@@ -257,7 +314,7 @@ def _runs_to_train(sweep: Sweep, runs, skipped, mine: list[RunSpec], which: str,
     import jax
 
     states = read_states(mine, workdir)
-    todo = sorted((s for s in states if s.status in TO_TRAIN), key=lambda s: (s.spec.flops, s.spec.run_id))
+    todo = cheapest_first(states)
     if jax.process_count() > 1:  # hosts may read the work directory differently; process 0's reading counts
         todo = agree_on_runs(sweep, states, todo)
     say(f"sweep {sweep.name}: {which}; {len(todo)} to train, {counts_line(states)}")
@@ -321,6 +378,17 @@ def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) ->
     position = {state.spec.run_id: i for i, state in enumerate(states)}
     agreed = multihost.broadcast_ints_from_process_0([position[state.spec.run_id] for state in todo])
     return [states[i] for i in agreed]
+
+
+def agreed_start_steps(todo: list[RunState]):
+    """``start_step(run)`` for ``packing.plan_packs``: the step each run of ``todo`` resumes from (its newest
+    checkpoint, 0 for none), as process 0 read it, so that every process plans the same packs (the trainer
+    restores from process 0's listing too)."""
+    from scaling import multihost
+
+    steps = multihost.broadcast_ints_from_process_0([state.checkpoint_step or 0 for state in todo])
+    by_id = {state.spec.run_id: int(step) for state, step in zip(todo, steps)}
+    return lambda run: by_id[run.run_id]
 
 
 def cmd_hosts(args) -> int:

@@ -20,6 +20,12 @@ def _shard_arg(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def _pack_arg(text: str) -> int:
+    if not re.fullmatch(r"\s*\d+\s*", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--pack wants an integer >= 1 (1 trains every run alone); got {text!r}")
+    return int(text)
+
+
 COMMAND_HELP = {  # the sweep commands, one line each in --help
     "list": "table of the sweep's runs: name, L, d, N = 12·L·d², seed, status",
     "dry-run": "what run would do: runs to train, resume or skip; the cost",
@@ -87,6 +93,12 @@ def _add_options(sub, command: str) -> None:
                          help="a run of the share that another live launcher holds: wait for it to finish "
                               "(taking it over if its lease goes stale; default), or exit 75 naming it so "
                               "that the job is retried later; never exit 0 while it is unfinished")
+    if command in ("list", "dry-run", "run", "status"):
+        sub.add_argument("--pack", type=_pack_arg, metavar="K",
+                         help="train up to K runs of one shape (differing only in seed and learning rate) "
+                              "together as one program; runs resuming from different steps never share a "
+                              "pack (default: the sweep file's pack, else 1: every run alone)"
+                              + ("" if command == "run" else "; shows the pack each run to train would join"))
     if command in ("run", "dry-run"):
         sub.add_argument("--pod-wide", action="store_true",
                          help="all hosts train every run together (jax.distributed); default on a "

@@ -204,6 +204,10 @@ class Sweep:
     - ``expected_mfu``: optional (low, high) model FLOP utilisation, as fractions
       of ``base.peak_flops``, that ``dry-run`` quotes its time at (both ends)
       before any run of the sweep has finished, instead of the launcher's guess.
+    - ``pack``: the most runs of one shape (equal ``scaling.pack_train.pack_key``;
+      they differ only in seed and learning-rate numbers) that ``run`` trains
+      together as one compiled program (``sweeps.packing``); 1, the default,
+      trains every run alone. ``--pack`` overrides it for one launch.
     Validated on construction: a bad sweep fails before anything runs.
     """
 
@@ -219,6 +223,7 @@ class Sweep:
     variants: tuple[Variant, ...] = ()
     tokens_per_param: float | None = None
     expected_mfu: tuple[float, float] | None = None
+    pack: int = 1
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -267,6 +272,10 @@ class Sweep:
                 raise ValueError(f"expected_mfu={self.expected_mfu!r} is invalid: allowed (low, high) with "
                                  "0 < low <= high <= 1")
             set_("expected_mfu", (float(mfu[0]), float(mfu[1])))
+        if not isinstance(self.pack, (int, np.integer)) or isinstance(self.pack, bool) or self.pack < 1:
+            raise ValueError(f"pack={self.pack!r} is invalid: allowed an integer >= 1 (the most runs of one shape "
+                             "trained together; 1 trains every run alone)")
+        set_("pack", int(self.pack))
         self.expand()  # every run's config validates now, not when it is reached
 
     def _grid(self, values, field: str, parse) -> tuple | dict:
@@ -354,6 +363,8 @@ class Sweep:
             described["tokens_per_param"] = self.tokens_per_param
         if self.expected_mfu is not None:
             described["expected_mfu"] = list(self.expected_mfu)
+        if self.pack != 1:  # likewise: sweeps that train every run alone keep their digest
+            described["pack"] = self.pack
         return described
 
     def digest(self) -> str:

@@ -14,6 +14,10 @@ import textwrap
 from scaling.cli import fmt, text_table
 from sweeps.spec import RunSpec, Sweep
 
+# orbax's mark of a complete step on object stores (orbax.checkpoint's atomicity.COMMIT_SUCCESS_FILE, which
+# scaling.leased_commit also writes last); named here so that reading a run imports no orbax.
+COMMIT_FILE = "commit_success.txt"
+
 STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
 TO_TRAIN = ("pending", "resumable", "unreadable", "failed")
 
@@ -33,6 +37,39 @@ class RunState(collections.namedtuple("RunState", "spec status checkpoint_step r
                 **{key: record.get(key) for key in ("mfu", "estimated_step_seconds", "estimated_mfu")}}
 
 
+def checkpoint_steps(run_dir) -> list[int]:
+    """The steps of the committed checkpoints in ``<run_dir>/checkpoints/`` (local or gs://), ascending.
+
+    A step is committed as orbax (and ``scaling.leased_commit``) commits it:
+    on a local disk its folder ``<step>`` exists (it is written as
+    ``<step>.orbax-checkpoint-tmp-...`` and renamed), on an object store the
+    folder ``<step>`` also holds ``commit_success.txt`` (written last). Steps
+    still in ``checkpoints-pending/`` are not the run's. Imports neither JAX
+    nor orbax; ``OSError`` if the listing fails.
+    """
+    from etils import epath
+
+    from scaling.storage import is_remote
+
+    checkpoints = epath.Path(run_dir) / "checkpoints"
+    if not checkpoints.exists():
+        return []
+    folders = [p for p in checkpoints.iterdir() if p.name.isdigit()]
+    if is_remote(str(checkpoints)):
+        folders = [p for p in folders if (p / COMMIT_FILE).exists()]
+    return sorted(int(p.name) for p in folders)
+
+
+def resume_step(run_dir) -> int:
+    """The step a run in ``run_dir`` would resume from: its newest committed checkpoint's step, 0 if it has
+    none or its checkpoints cannot be listed (the trainer passes over a damaged one and resumes earlier)."""
+    try:
+        steps = checkpoint_steps(run_dir)
+    except OSError:
+        steps = []
+    return steps[-1] if steps else 0
+
+
 def read_state(run: RunSpec, workdir) -> RunState:
     """The run's status from its directory, without importing the trainer or starting JAX.
 
@@ -50,12 +87,11 @@ def read_state(run: RunSpec, workdir) -> RunState:
         status = found.status if found is not None else None
     except records.RecordError as error:
         record, status = {"error": str(error)}, "unreadable"
-    checkpoints = run_dir / "checkpoints"
     try:
-        steps = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.exists() else []
+        steps = checkpoint_steps(run_dir)
     except OSError:
         steps = []
-    step = max(steps) if steps else None
+    step = steps[-1] if steps else None
     if status not in ("finished", "diverged", "failed", "unreadable"):  # running, stopped or no record
         status = "resumable" if step is not None else "pending"
     return RunState(run, status, step, record)
@@ -85,16 +121,21 @@ def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
 # Tables
 
 
-def run_table(states: list[RunState], multiple_of: int | None = None) -> str:
+def run_table(states: list[RunState], multiple_of: int | None = None, packs: dict[str, str] | None = None) -> str:
     """One line per run: name, L, d, N = 12·L·d², budget, seed, status, eval loss (nats/token); when the
-    runs have budgets, a footnote on how N follows from the budget (widths rounded to ``multiple_of``)."""
+    runs have budgets, a footnote on how N follows from the budget (widths rounded to ``multiple_of``).
+    ``packs`` (run id -> pack label, ``sweeps.packing.labels``) adds a ``pack`` column after the status."""
     header = ["name", "L", "d", "N (12·L·d²)", "budget", "seed", "status", "eval loss"]
+    if packs is not None:
+        header.insert(7, "pack")
     rows = []
     for state in states:
         run, record = state.spec, state.record or {}
         status = state.status + (f" @{state.checkpoint_step}" if state.status == "resumable" else "")
         rows.append([run.name, run.depth, run.width, f"{run.params:.3g}", fmt(run.budget, ".3g"), run.seed,
                      status, fmt(record.get("final_eval_loss"), ".4f")])
+        if packs is not None:
+            rows[-1].insert(7, packs.get(run.run_id, "-"))
     table = text_table(header, rows)
     if any(state.spec.budget is not None for state in states):
         table += "\n" + budget_note(multiple_of)
@@ -151,13 +192,14 @@ def analysis_lines(states: list[RunState], sweep_dir: str) -> list[str]:
     return lines
 
 
-def summary(sweep: Sweep, states: list[RunState], workdir) -> str:
-    """Counts per status, the results table, loss at equal size and the analysis."""
+def summary(sweep: Sweep, states: list[RunState], workdir, packs: dict[str, str] | None = None) -> str:
+    """Counts per status, the results table (with a ``pack`` column when ``packs`` is given, as in
+    ``run_table``), loss at equal size and the analysis."""
     sweep_dir = os.path.join(str(workdir), sweep.name)
     from sweeps import calibration
 
     parts = [f"== sweep {sweep.name}: {counts_line(states)} (of {len(states)} runs)",
-             run_table(states, sweep.multiple_of), *calibration.lines(states)]
+             run_table(states, sweep.multiple_of, packs), *calibration.lines(states)]
     parts += ["", "analysis:"] + ["  " + line for line in analysis_lines(states, sweep_dir)]
     parts.append(f"\nrecords: {sweep_dir}  (python -m analysis fit {sweep_dir})")
     return "\n".join(parts)
