@@ -94,7 +94,9 @@ def plan_line(packs: list[Pack], pack: int) -> str:
     """One line for dry-run and run: how many packs of at most ``pack`` runs, how many runs each holds, and
     the packs that resume (e.g. ``7 runs in 3 packs of up to 3: 2 × 3 runs, 1 × 1 run; resuming: p2 at step 20``)."""
     sizes = collections.Counter(len(p.runs) for p in packs)
-    text = (f"{sum(len(p.runs) for p in packs)} runs in {len(packs)} packs of up to {pack}"
+    total = sum(len(p.runs) for p in packs)
+    text = (f"{total} run{'s' if total != 1 else ''} in {len(packs)} pack{'s' if len(packs) != 1 else ''} "
+            f"of up to {pack}"
             + "".join(f"{', ' if i else ': '}{n} × {size} run{'s' if size > 1 else ''}"
                       for i, (size, n) in enumerate(sorted(sizes.items(), reverse=True))))
     resumed = [f"{p.label} at step {p.start_step}" for p in packs if p.start_step]

@@ -29,6 +29,7 @@ from scaling.cli import fmt
 from scaling.ending import ResumesElsewhere
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
 from sweeps import busy as busy_lib
+from sweeps.packing import Pack
 from sweeps.spec import RunSpec
 from sweeps.state import read_state
 
@@ -111,10 +112,12 @@ class RunLoop:
             return PREEMPTED_EXIT_CODE
         return None
 
-    def train_packs(self, packs: list[list[RunSpec]], desc: str) -> int | None:
-        """Train ``packs`` in order, each as one program (``scaling.pack_train``; a pack of one alone), then
-        as ``train`` does the runs other launchers hold. A run that left its pack to resume at its own step
-        trains alone right after it. An exit status if the sweep stops early, else None."""
+    def train_packs(self, packs: list[Pack], desc: str) -> int | None:
+        """Train ``packs`` (``sweeps.packing.plan_packs``) in order, each as one program
+        (``scaling.pack_train``; a pack of one alone), then as ``train`` does the runs other launchers
+        hold. A run that left its pack to resume at its own step trains alone right after it. An exit
+        status if the sweep stops early, else None."""
+        packs = [list(pack.runs) for pack in packs]
         queue = [run for pack in packs for run in pack]
         self.bar = progress.bar(total=len(queue), desc=desc, unit="run", interval=0, dynamic_ncols=True,
                                 file=sys.stderr, shown=self.show_progress)
@@ -140,16 +143,16 @@ class RunLoop:
         """Train one pack and do what each run's outcome says (``train_one`` for a pack of one)."""
         if len(pack) == 1:
             return self.train_one(pack[0])
-        alone = []
-        outcomes = self.attempt_pack(pack)
-        for run, (step, line) in zip(pack, outcomes):
+        alone, codes = [], []
+        for run, (step, line) in zip(pack, self.attempt_pack(pack)):
             if step is None:  # left the pack to resume at its own step
                 alone.append(run)
                 self.say(line)
                 continue
-            code = self.carry_out(run, step, line, check_stop=False)
-            if code is not None:
-                return code
+            codes.append(self.carry_out(run, step, line, check_stop=False))  # every run's line is said
+        code = next((code for code in codes if code is not None), None)
+        if code is not None:
+            return code
         if self.stop.any_process():
             self.say(f"stopping after the pack of {', '.join(run.name for run in pack)}: "
                      f"{self.stop.signal or 'SIGTERM'} received; rerun the same command to resume")

@@ -1,0 +1,107 @@
+"""``sweeps.launch run --pack K``: the runs of one shape train as one program, and a pack killed or stopped
+mid-run resumes with every run where it was.
+
+The reference is the same sweep packed and never interrupted, in a launcher subprocess as well (one
+device, the same program): a resumed pack must give its losses bitwise.
+"""
+
+import os
+import signal
+from pathlib import Path
+
+import helpers
+import tiny
+from scaling import records
+from sweeps import launch, spec
+
+GRID = "depths=(1,), widths={1: (16,)}, seeds=(0, 1, 2)"
+
+
+def run_cli(*args):
+    return helpers.run_module("sweeps.launch", *args, env=tiny.env())
+
+
+def run_dirs(sweep_file, workdir) -> list[Path]:
+    runs = sorted(spec.load_sweep(sweep_file).expand().runs, key=lambda run: run.name)
+    return [Path(str(run.run_dir(workdir))) for run in runs]
+
+
+def reference(tmp_path, sweep_file) -> list[Path]:
+    workdir = tmp_path / "reference"
+    done = run_cli("run", sweep_file, "--workdir", workdir, "--pack", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pack of 3 runs as one program" in done.stdout
+    return run_dirs(sweep_file, workdir)
+
+
+def check_resumed_exactly(dirs, reference_dirs) -> None:
+    for run_dir, expected_dir in zip(dirs, reference_dirs):
+        record, expected = records.read_record(run_dir), records.read_record(expected_dir)
+        assert (record.status, record.steps, record.pack_size) == ("finished", tiny.STEPS, 3)
+        assert tiny.metric_steps(run_dir) == list(range(tiny.STEPS + 1))  # one row per step
+        assert tiny.losses(run_dir) == tiny.losses(expected_dir)
+        assert record.final_eval_loss == expected.final_eval_loss
+
+
+def paused_launcher(tmp_path, sweep_file, workdir, dirs):
+    """A packed launcher paused once the first run logged step 6 (every run has checkpointed step 4)."""
+    pause = tmp_path / "paused"
+    command = tiny.paused_command(pause, f"{dirs[0].name}@6", "sweeps.launch", "run", sweep_file,
+                                  "--workdir", workdir, "--pack", "3")
+    proc = helpers.start(command, env=tiny.env(), merge_stderr=True, start_new_session=True)
+    tiny.wait_for(lambda: pause.exists() and all((d / "checkpoints" / "4").exists() for d in dirs), 300, proc)
+    return proc, pause
+
+
+def test_a_pack_killed_mid_run_resumes_every_run_exactly(tmp_path):
+    sweep_file = tiny.write_sweep(tmp_path, "packed", GRID)
+    reference_dirs = reference(tmp_path, sweep_file)
+    workdir = tmp_path / "runs"
+    dirs = run_dirs(sweep_file, workdir)
+    proc, _ = paused_launcher(tmp_path, sweep_file, workdir, dirs)
+    os.killpg(proc.pid, signal.SIGKILL)  # the machine dies mid-pack
+    proc.wait()
+    assert not any((d / "result.json").exists() for d in dirs)
+    again = run_cli("run", sweep_file, "--workdir", workdir, "--pack", "3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming: p1 at step 4" in again.stdout
+    check_resumed_exactly(dirs, reference_dirs)
+
+
+def test_sigterm_checkpoints_every_run_of_the_pack_and_a_rerun_finishes_them(tmp_path):
+    sweep_file = tiny.write_sweep(tmp_path, "packed", GRID)
+    reference_dirs = reference(tmp_path, sweep_file)
+    workdir = tmp_path / "runs"
+    dirs = run_dirs(sweep_file, workdir)
+    proc, pause = paused_launcher(tmp_path, sweep_file, workdir, dirs)
+    os.kill(proc.pid, signal.SIGTERM)  # a preemption notice, while every run is between steps 6 and 7
+    pause.unlink()
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 75, output[-3000:]
+    for run_dir in dirs:  # each run said so, was recorded stopped and saved the step it stopped after
+        assert f"{records.read_record(run_dir).name}: stopped by SIGTERM after step 6" in output
+        assert records.read_record(run_dir).status == "stopped" and (run_dir / "checkpoints" / "6").exists()
+    again = run_cli("run", sweep_file, "--workdir", workdir, "--pack", "3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    check_resumed_exactly(dirs, reference_dirs)
+
+
+def test_a_sweep_files_pack_default_packs_in_process(tmp_path, capsys, monkeypatch):
+    sweep_file = tmp_path / "packed.py"
+    sweep_file.write_text(tiny.sweep_text("packed", GRID + ", pack=2", sweep_file))
+    tiny.on_one_device(monkeypatch)  # the run left alone trains with train.run
+    from scaling import pack_train
+
+    real = pack_train.run_pack
+    sizes = []
+
+    def one_device(configs, run_dirs, **kwargs):
+        sizes.append(len(configs))
+        return real(configs, run_dirs, **{**kwargs, "devices": tiny.one_device()})
+
+    monkeypatch.setattr(pack_train, "run_pack", one_device)
+    assert launch.main(["run", str(sweep_file), "--workdir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert sizes == [2]  # seeds 0 and 1 together; seed 2 alone (train.run)
+    assert "== sweep packed: 3 finished (of 3 runs)" in out
+    assert sorted(records.read_record(d).pack_size for d in run_dirs(sweep_file, tmp_path / "runs")) == [1, 2, 2]
