@@ -9,6 +9,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 import helpers
 import tiny
 from scaling import records
@@ -26,12 +28,16 @@ def run_dirs(sweep_file, workdir) -> list[Path]:
     return [Path(str(run.run_dir(workdir))) for run in runs]
 
 
-def reference(tmp_path, sweep_file) -> list[Path]:
-    workdir = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def packed_sweep(tmp_path_factory):
+    """(sweep file, run directories of the same sweep packed and never interrupted)."""
+    root = tmp_path_factory.mktemp("packed")
+    sweep_file = tiny.write_sweep(root, "packed", GRID)
+    workdir = root / "reference"
     done = run_cli("run", sweep_file, "--workdir", workdir, "--pack", "3")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pack of 3 runs as one program" in done.stdout
-    return run_dirs(sweep_file, workdir)
+    return sweep_file, run_dirs(sweep_file, workdir)
 
 
 def check_resumed_exactly(dirs, reference_dirs) -> None:
@@ -43,37 +49,37 @@ def check_resumed_exactly(dirs, reference_dirs) -> None:
         assert record.final_eval_loss == expected.final_eval_loss
 
 
-def paused_launcher(tmp_path, sweep_file, workdir, dirs):
-    """A packed launcher paused once the first run logged step 6 (every run has checkpointed step 4)."""
+def paused_launcher(tmp_path, sweep_file):
+    """A packed launcher into ``tmp_path/runs``, paused once the first run logged step 6 (every run has
+    checkpointed step 4): (process, pause file, run directories)."""
+    dirs = run_dirs(sweep_file, tmp_path / "runs")
     pause = tmp_path / "paused"
     command = tiny.paused_command(pause, f"{dirs[0].name}@6", "sweeps.launch", "run", sweep_file,
-                                  "--workdir", workdir, "--pack", "3")
+                                  "--workdir", tmp_path / "runs", "--pack", "3")
     proc = helpers.start(command, env=tiny.env(), merge_stderr=True, start_new_session=True)
     tiny.wait_for(lambda: pause.exists() and all((d / "checkpoints" / "4").exists() for d in dirs), 300, proc)
-    return proc, pause
+    return proc, pause, dirs
 
 
-def test_a_pack_killed_mid_run_resumes_every_run_exactly(tmp_path):
-    sweep_file = tiny.write_sweep(tmp_path, "packed", GRID)
-    reference_dirs = reference(tmp_path, sweep_file)
-    workdir = tmp_path / "runs"
-    dirs = run_dirs(sweep_file, workdir)
-    proc, _ = paused_launcher(tmp_path, sweep_file, workdir, dirs)
+def rerun(sweep_file, tmp_path):
+    again = run_cli("run", sweep_file, "--workdir", tmp_path / "runs", "--pack", "3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    return again
+
+
+def test_a_pack_killed_mid_run_resumes_every_run_exactly(tmp_path, packed_sweep):
+    sweep_file, reference_dirs = packed_sweep
+    proc, _, dirs = paused_launcher(tmp_path, sweep_file)
     os.killpg(proc.pid, signal.SIGKILL)  # the machine dies mid-pack
     proc.wait()
     assert not any((d / "result.json").exists() for d in dirs)
-    again = run_cli("run", sweep_file, "--workdir", workdir, "--pack", "3")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming: p1 at step 4" in again.stdout
+    assert "resuming: p1 at step 4" in rerun(sweep_file, tmp_path).stdout
     check_resumed_exactly(dirs, reference_dirs)
 
 
-def test_sigterm_checkpoints_every_run_of_the_pack_and_a_rerun_finishes_them(tmp_path):
-    sweep_file = tiny.write_sweep(tmp_path, "packed", GRID)
-    reference_dirs = reference(tmp_path, sweep_file)
-    workdir = tmp_path / "runs"
-    dirs = run_dirs(sweep_file, workdir)
-    proc, pause = paused_launcher(tmp_path, sweep_file, workdir, dirs)
+def test_sigterm_checkpoints_every_run_of_the_pack_and_a_rerun_finishes_them(tmp_path, packed_sweep):
+    sweep_file, reference_dirs = packed_sweep
+    proc, pause, dirs = paused_launcher(tmp_path, sweep_file)
     os.kill(proc.pid, signal.SIGTERM)  # a preemption notice, while every run is between steps 6 and 7
     pause.unlink()
     output = proc.communicate(timeout=300)[0]
@@ -81,8 +87,7 @@ def test_sigterm_checkpoints_every_run_of_the_pack_and_a_rerun_finishes_them(tmp
     for run_dir in dirs:  # each run said so, was recorded stopped and saved the step it stopped after
         assert f"{records.read_record(run_dir).name}: stopped by SIGTERM after step 6" in output
         assert records.read_record(run_dir).status == "stopped" and (run_dir / "checkpoints" / "6").exists()
-    again = run_cli("run", sweep_file, "--workdir", workdir, "--pack", "3")
-    assert again.returncode == 0, again.stderr[-3000:]
+    rerun(sweep_file, tmp_path)
     check_resumed_exactly(dirs, reference_dirs)
 
 
@@ -102,6 +107,6 @@ def test_a_sweep_files_pack_default_packs_in_process(tmp_path, capsys, monkeypat
     monkeypatch.setattr(pack_train, "run_pack", one_device)
     assert launch.main(["run", str(sweep_file), "--workdir", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
-    assert sizes == [2]  # seeds 0 and 1 together; seed 2 alone (train.run)
+    assert sizes == [2]  # two seeds together; the third alone (train.run)
     assert "== sweep packed: 3 finished (of 3 runs)" in out
     assert sorted(records.read_record(d).pack_size for d in run_dirs(sweep_file, tmp_path / "runs")) == [1, 2, 2]

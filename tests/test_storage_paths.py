@@ -96,48 +96,36 @@ def test_a_run_trains_from_a_gs_token_cache_alone_and_writes_its_records_to_gs(g
     assert train.run(config, workdir, show_progress=False) == result  # finished: read back, not retrained
 
 
-def test_metrics_are_new_objects_per_flush_and_a_resume_cuts_them(gcs):
+def _tracker(run, start_step: int = 0) -> Tracker:
+    """A 4-step run's tracker without wandb or a display; resumed at ``start_step`` if it is not 0."""
+    return Tracker(run, total_steps=4, start_step=start_step, config={}, name="t", mode="disabled",
+                   show_progress=False, keep_until_step=start_step or None)
+
+
+@pytest.mark.parametrize("killed_first", [False, True], ids=["resumed", "killed-then-resumed"])
+def test_metrics_are_new_objects_per_flush_and_a_resume_cuts_them(gcs, killed_first):
     # Object stores cannot append: each flush writes a new object, never rewriting earlier ones,
-    # and a tracker resumed at step 2 drops rows after it and merges into row 2.
+    # and a tracker resumed at step 2 drops rows after it and merges into row 2. Row 2 stays stored
+    # until the resumed run writes it again: a resume killed before its first write loses nothing.
     run = f"{gcs}/run"
-    tracker = Tracker(run, total_steps=4, start_step=0, config={}, name="t", mode="disabled", show_progress=False)
+    tracker = _tracker(run)
     for step in (1, 2, 3):
         tracker.log(step, {"loss": 1.0 / step})
     tracker.close()
     assert sorted(k for k in keys(gcs) if k.startswith("run/metrics/")) == [
         "run/metrics/0000000001-0000000001.jsonl", "run/metrics/0000000002-0000000002.jsonl",
         "run/metrics/0000000003-0000000003.jsonl"]
-    resumed = Tracker(run, total_steps=4, start_step=2, config={}, name="t", mode="disabled",
-                      show_progress=False, keep_until_step=2)
+    if killed_first:
+        _tracker(run, start_step=2).discard_pending()  # killed before its first write
+        assert read_metrics(run) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}]
+    resumed = _tracker(run, start_step=2)
     resumed.log(2, {"eval_loss": 9.0})
     resumed.log(4, {"loss": 0.25})
     resumed.close()
     assert read_metrics(run) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "eval_loss": 9.0},
                                  {"step": 4, "loss": 0.25}]
-
-
-def test_a_resume_killed_before_its_first_write_keeps_its_row_on_an_object_store(gcs):
-    # A resume at step 2 cuts the part holding steps 2-3 down to step 2 (renamed to what it holds) and keeps
-    # that row there until the resumed run writes it again: killed before then, nothing is lost.
-    run = f"{gcs}/run"
-    tracker = Tracker(run, total_steps=4, start_step=0, config={}, name="t", mode="disabled", show_progress=False)
-    tracker.log(1, {"loss": 1.0})
-    tracker.log(2, {"loss": 0.5})
-    tracker.log(3, {"loss": 0.3})
-    tracker.flush(wait=True)
-    tracker.discard_pending()  # steps 2-3 in one part: rows written together
-    killed = Tracker(run, total_steps=4, start_step=2, config={}, name="t", mode="disabled",
-                     show_progress=False, keep_until_step=2)
-    killed.discard_pending()
-    assert sorted(k for k in keys(gcs) if k.startswith("run/metrics/"))[-1] == "run/metrics/0000000002-0000000002.jsonl"
-    assert read_metrics(run) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}]
-    resumed = Tracker(run, total_steps=4, start_step=2, config={}, name="t", mode="disabled",
-                      show_progress=False, keep_until_step=2)
-    resumed.log(2, {"eval_loss": 9.0})
-    resumed.log(3, {"loss": 0.3})
-    resumed.close()
-    assert read_metrics(run) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "eval_loss": 9.0},
-                                 {"step": 3, "loss": 0.3}]
+    assert sorted(k for k in keys(gcs) if k.startswith("run/metrics/"))[-2:] == [
+        "run/metrics/0000000002-0000000002.jsonl", "run/metrics/0000000004-0000000004.jsonl"]
 
 
 def write_record(directory, name, depth, width, loss):
