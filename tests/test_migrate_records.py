@@ -57,7 +57,7 @@ def test_a_record_with_the_fields_keeps_them_and_only_its_version_changes(tmp_pa
     assert migrate_records.main([str(tmp_path)]) == 0
     after = json.loads((run_dir / "result.json").read_text())
     assert {k: v for k, v in after.items() if v is not None and v != ""} == {**data, "schema_version": 2,
-                                                                            "wall_seconds": 0.0, "tokens": 0}
+                                                                            "wall_seconds": 0.0, "tokens": 0, "pack_size": 1}
 
 
 def test_a_second_run_writes_nothing_and_a_newly_arrived_old_record_is_migrated(tmp_path, capsys):
