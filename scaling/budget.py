@@ -30,6 +30,22 @@ def non_embedding_params(depth: int, width: int) -> int:
     return 12 * int(depth) * int(width) ** 2
 
 
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def training_state_bytes(model: ModelConfig) -> int:
+    """Bytes of a run's training state held whole on one chip: its parameters four times at
+    ``model.param_dtype`` (each parameter, its gradient and AdamW's two moments, which optax keeps at the
+    parameters' dtype). Parameters are counted by arithmetic, for deciding meshes while a sweep expands (no tree
+    is built): the matrices ``scaling.flops`` counts plus token and position tables as if untied and learned;
+    norms and biases are left out (under 1% for the gpt block, ``tests/test_parallelism.py``)."""
+    from scaling.flops import training_flops_per_token
+
+    per_token = training_flops_per_token(model, 1)  # 6 FLOPs per matrix parameter per trained token
+    parameters = (per_token.layers + per_token.unembedding) / 6 + (model.vocab_size + model.max_seq_len) * model.width
+    return int(4 * _DTYPE_BYTES[model.param_dtype] * parameters)
+
+
 def abstract_params(config: ModelConfig, *, padded: bool = False) -> dict:
     """The parameter tree as ``jax.ShapeDtypeStruct`` leaves, without allocating it.
 

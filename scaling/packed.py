@@ -46,9 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scaling import mesh as mesh_lib, optim as optim_lib
+from scaling import data as data_lib, mesh as mesh_lib, optim as optim_lib
 from scaling.config import TrainConfig
-from scaling.program import Program, ProgramShape, build_shape, eval_step_function, train_step_function
+from scaling.program import (Program, ProgramShape, build_shape, eval_step_function, train_step_function,
+                             batch_spec as program_batch_spec)
 
 RUNS = mesh_lib.RUNS_AXIS
 BATCHINGS = ("vmap", "map")
@@ -127,6 +128,29 @@ def build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str | Non
                          f"axis of 1 (this mesh's is {mesh.shape[RUNS]})")
     mesh_lib.check_batch(mesh, shape.batch_size, process_count=1, microbatches=shape.microbatches)
     return _build_packed(shape, mesh, size, batching)
+
+
+def batch_spec(config: TrainConfig, packed: PackedProgram) -> dict:
+    """ShapeDtypeStructs of one stacked training batch [k, B, T] of ``config``'s runs (for ahead-of-time
+    compilation): a solo run's (``program.batch_spec``) with the run axis first."""
+    return {key: jax.ShapeDtypeStruct((packed.size,) + leaf.shape, leaf.dtype, sharding=packed.batch_sharding)
+            for key, leaf in program_batch_spec(config, packed.solo.mesh).items()}
+
+
+def lower_packed_train_step(config: TrainConfig, mesh: Mesh, size: int, arguments: dict | None = None,
+                            batching: str | None = None) -> tuple[PackedProgram, jax.stages.Lowered]:
+    """The packed program of ``size`` runs of ``config``'s shape on ``mesh`` (``mesh.make_packed_mesh``) and its
+    train step lowered ahead of time: ``(packed, lowered)``, as ``program.lower_train_step`` for one run.
+
+    Nothing is allocated and no data is read (state, batch and hyperparameters are abstract), so ``mesh`` may be
+    made of compile-only devices (a TPU slice described by libtpu). ``arguments`` are ``program.build``'s data
+    keywords (default: the trainer's for the config, ``scaling.data.program_arguments``); ``batching`` as for
+    ``build_packed``. Raises ValueError as ``build_packed`` does.
+    """
+    if arguments is None:
+        arguments = data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
+    packed = build_packed(ProgramShape.of(config, **arguments), mesh, size, batching)
+    return packed, packed.train_step.lower(packed.abstract_state, batch_spec(config, packed), packed.abstract_hparams)
 
 
 @functools.lru_cache(maxsize=4)

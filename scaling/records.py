@@ -19,7 +19,7 @@ Guarantees:
   version-1 record is refused with one line naming the command that
   upgrades it in place, once (``python -m scaling.migrate_records DIR``).
   Optional fields added later (``train_seconds``, ``mfu``, the ``estimate*``
-  fields) keep the version: a record
+  fields, ``parallelism``) keep the version: a record
   without one reads as before, with the field None.
 """
 
@@ -66,7 +66,9 @@ class RunRecord:
     ``estimated_mfu`` what the preflight expected of the run on the slice
     ``estimate_source`` names ("" when no preflight estimate was kept, like
     ``data_fingerprint`` and ``code_version``; ``sweeps.preflight.estimate_store``). The three numbers are
-    None, and the source "", in records written before them. ``point_id`` is the run id of the
+    None, and the source "", in records written before them. ``parallelism`` is the mode the preflight
+    chose and the run trained in (``data``, ``fsdp``, ``packed``: ``sweeps.preflight.parallelism``), "" when
+    the run trained on its sweep's own mesh (and in records written before the field). ``point_id`` is the run id of the
     same config with the seed left out: runs that share it differ only by
     seed, so the analysis may pool them. ``peak_lr`` is the config's peak
     learning rate (``lr_rule`` scales it per width: the config's
@@ -113,6 +115,7 @@ class RunRecord:
     estimated_step_seconds: float | None = None
     estimated_mfu: float | None = None
     estimate_source: str = ""
+    parallelism: str = ""  # the preflight's mode the run trained in; "" for the sweep's own mesh
     wandb_id: str | None = None
     error: str | None = None
     log_file: str | None = None
@@ -151,8 +154,9 @@ class RunRecord:
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                           and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value!r} is invalid: allowed a finite number > 0 or null")
-        if not isinstance(self.estimate_source, str):
-            raise ValueError(f"estimate_source={self.estimate_source!r} is invalid: allowed a string")
+        for name in ("estimate_source", "parallelism"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed a string")
         if self.status == "finished":
             loss = self.final_eval_loss
             if loss is None or not math.isfinite(loss) or loss < 0:

@@ -54,9 +54,11 @@ Using many hosts (``sweeps.hosts`` decides, and lists where it reads what;
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import sys
+import zlib
 
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
@@ -258,15 +260,18 @@ def cmd_run(sweep: Sweep, args) -> int:
     if writes_sweep:
         _write_sweep_json(sweep, args.workdir)
     todo = _runs_to_train(sweep, runs, skipped, mine, which, args.workdir, say)
-    loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy,
-                   train_arguments=preflight_estimates())  # each run's record keeps the preflight's estimate
     pack = pack_size(sweep, args)
+    # The preflight's choice (parallelism="auto") is for runs trained one at a time; packs keep their meshes.
+    specs, modes = planned_runs(sweep, [state.spec for state in todo]) if pack == 1 else (
+        [state.spec for state in todo], {})
+    loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy,
+                   train_arguments=preflight_estimates(modes))  # each run's record keeps the preflight's estimate
     if pack > 1:
-        packs = packing.plan_packs([state.spec for state in todo], pack, agreed_start_steps(todo))
+        packs = packing.plan_packs(specs, pack, agreed_start_steps(todo))
         say(packing.plan_line(packs, pack))
         code = loop.train_packs(packs, desc=f"sweep {sweep.name}")
     else:
-        code = loop.train([state.spec for state in todo], desc=f"sweep {sweep.name}")
+        code = loop.train(specs, desc=f"sweep {sweep.name}")
     if code is not None:
         return code
     all_states = read_states(runs, args.workdir)
@@ -347,18 +352,46 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     run.finish()
 
 
-def preflight_estimates():
+def preflight_estimates(modes: dict | None = None):
     """``estimate_of(run)``: ``train.run``'s ``estimate`` argument (the record fields of the newest preflight
-    estimate kept for ``run``, ``sweeps.preflight.estimate_store``), or no argument where there is none."""
+    estimate kept for ``run``, ``sweeps.preflight.estimate_store``; those of its parallelism mode where ``modes``,
+    run id -> mode, has one: ``planned_runs``), or no argument where there is none."""
     from sweeps.preflight import compile_cache, estimate_store
 
-    directory = compile_cache.default_directory(None)
+    directory, modes = compile_cache.default_directory(None), modes or {}
 
     def estimate_of(run) -> dict:
-        fields = estimate_store.record_fields(estimate_store.latest(directory, run.run_id))
+        fields = estimate_store.record_fields(estimate_store.latest(directory, run.run_id), modes.get(run.run_id))
         return {"estimate": fields} if fields else {}
 
     return estimate_of
+
+
+def planned_runs(sweep: Sweep, specs: list[RunSpec]) -> tuple[list[RunSpec], dict[str, str]]:
+    """``specs`` with the meshes the preflight chose (``sweep.parallelism == "auto"``), and run id -> mode of
+    those it changed; unchanged for a pinned sweep or a run without a kept choice. The mesh is no part of the run
+    id. This loop trains one run at a time, so a run whose choice is a pack takes the cheapest solo mode that fits
+    (``sweeps.preflight.planned_mesh(..., solo=True)``)."""
+    if sweep.parallelism != "auto":
+        return specs, {}
+    import jax
+
+    from sweeps.preflight import compile_cache, estimate_store, planned_mesh
+
+    directory, planned, modes = compile_cache.default_directory(None), [], {}
+    for spec in specs:
+        plan = planned_mesh(spec.config, estimate_store.latest(directory, spec.run_id), solo=True)
+        if plan is not None:
+            spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, mesh=plan[0]))
+            modes[spec.run_id] = plan[2]
+        planned.append(spec)
+    if jax.process_count() > 1:  # hosts that read different estimates would build different meshes and hang
+        from scaling import multihost
+
+        if not multihost.all_agree(zlib.crc32(json.dumps(sorted(modes.items())).encode()) & 0x7FFFFFFF):
+            raise LauncherError("the processes read different preflight estimates (parallelism=\"auto\"); point "
+                                "$SCALING_PREFLIGHT_CACHE at one copy of the estimates on every host")
+    return planned, modes
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
@@ -418,6 +451,7 @@ def cmd_preflight(sweep: Sweep, args) -> int:
 
     runs, _ = sweep.expand()
     mine, _ = _my_runs(runs, args.shard, args)
+    args.parallelism = sweep.parallelism == "auto"  # compare the modes of training each run (more compiles)
     if args.jobs is None:
         args.jobs = preflight.default_jobs()
     elif args.jobs < 1:

@@ -33,7 +33,7 @@ import hashlib
 import json
 import math
 import re
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from scaling.config import TrainConfig, config_id, override, to_dict
 from scaling.flops import training_flops_per_token
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+PARALLELISM = ("pinned", "auto")  # Sweep.parallelism: the config's mesh, or the preflight's choice
 # Fields the grid sets on every run; --set may not change them.
 GRID_FIELDS = ("model.depth", "model.width", "seed", "name", "sweep_name")
 
@@ -208,6 +209,14 @@ class Sweep:
       they differ only in seed and learning-rate numbers) that ``run`` trains
       together as one compiled program (``sweeps.packing``); 1, the default,
       trains every run alone. ``--pack`` overrides it for one launch.
+    - ``parallelism``: ``pinned`` (default): every run trains on its config's
+      mesh; ``auto``: the preflight compares the ways of spreading each run over
+      the chips and ``run`` trains each run in the one its newest kept estimate
+      chose (``sweeps.preflight.parallelism``; the mesh is no part of the run id).
+    - ``data_parallel_state_bytes``: optional; runs whose training state
+      (``scaling.budget.training_state_bytes``: parameters, gradients, AdamW's
+      moments) is at most this many bytes get a data-parallel mesh (data=-1,
+      fsdp=1, tensor=1; parameters replicated), the others keep ``base.mesh``.
     Validated on construction: a bad sweep fails before anything runs.
     """
 
@@ -224,6 +233,8 @@ class Sweep:
     tokens_per_param: float | None = None
     expected_mfu: tuple[float, float] | None = None
     pack: int = 1
+    parallelism: Literal["pinned", "auto"] = "pinned"
+    data_parallel_state_bytes: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -276,6 +287,12 @@ class Sweep:
             raise ValueError(f"pack={self.pack!r} is invalid: allowed an integer >= 1 (the most runs of one shape "
                              "trained together; 1 trains every run alone)")
         set_("pack", int(self.pack))
+        if self.parallelism not in PARALLELISM:
+            raise ValueError(f"parallelism={self.parallelism!r} is invalid: allowed one of {', '.join(PARALLELISM)}")
+        if self.data_parallel_state_bytes is not None and not (
+                isinstance(self.data_parallel_state_bytes, int) and self.data_parallel_state_bytes >= 1):
+            raise ValueError(f"data_parallel_state_bytes={self.data_parallel_state_bytes!r} is invalid: allowed an "
+                             "integer >= 1 (bytes) or None")
         self.expand()  # every run's config validates now, not when it is reached
 
     def _grid(self, values, field: str, parse) -> tuple | dict:
@@ -335,6 +352,9 @@ class Sweep:
             steps = base.steps if self.tokens_per_param is None else self.steps_for(depth, width, base)
             config = dataclasses.replace(base, model=dataclasses.replace(base.model, depth=depth, width=width),
                                          optim=optim, seed=seed, sweep_name=self.name, name=name, steps=steps)
+            if self.data_parallel_state_bytes and budget.training_state_bytes(config.model) <= \
+                    self.data_parallel_state_bytes:  # the mesh is no part of the run id
+                config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, data=-1, fsdp=1, tensor=1))
         except ValueError as error:
             raise ValueError(f"sweep {self.name}, run {name}: {error}") from None
         return RunSpec(name=name, run_id=config_id(config), config=config, budget=point_budget)
@@ -365,6 +385,10 @@ class Sweep:
             described["expected_mfu"] = list(self.expected_mfu)
         if self.pack != 1:  # likewise: sweeps that train every run alone keep their digest
             described["pack"] = self.pack
+        if self.parallelism != "pinned":  # likewise
+            described["parallelism"] = self.parallelism
+        if self.data_parallel_state_bytes is not None:
+            described["data_parallel_state_bytes"] = self.data_parallel_state_bytes
         return described
 
     def digest(self) -> str:

@@ -14,6 +14,10 @@ Readers take the newest estimate of a run (``latest``):
   (``estimated_step_seconds``, ``estimated_mfu``, ``estimate_source``), so ``status`` can set the first
   runs on hardware against what the preflight expected.
 
+Where the preflight compared the modes of training a run (``sweeps.preflight.parallelism``), the estimate keeps
+them too (``parallelism``: the choice and each mode's figures); a sweep with ``parallelism="auto"`` trains the
+run in the mode chosen (``parallelism.planned_mesh``), and its record then holds that mode's estimate and name.
+
 On another machine (a TPU VM) the estimates are found where the cache is: point ``$SCALING_PREFLIGHT_CACHE``
 at a copy of it.
 """
@@ -61,7 +65,8 @@ def save(cache_directory: str | None, runs, rows: list[dict], slice_name: str, n
         entries = _load(path)
         if row.get("fits") and row.get("estimated_step_seconds"):
             entries[slice_name] = {**{key: row.get(key) for key in ROW_FIELDS}, "slice": slice_name,
-                                   "written": written}
+                                   "written": written,
+                                   **({"parallelism": row["parallelism"]} if row.get("parallelism") else {})}
             kept += 1
         elif slice_name in entries:
             del entries[slice_name]
@@ -95,11 +100,23 @@ def device_of(entry: dict) -> str:
     return str(entry.get("topology") or entry.get("slice") or "").partition(":")[0]
 
 
-def record_fields(entry: dict | None) -> dict:
-    """The run record's estimate fields from a kept estimate ({} without one)."""
+def record_fields(entry: dict | None, mode: str | None = None) -> dict:
+    """The run record's estimate fields from a kept estimate ({} without one). With ``mode``, the parallelism
+    mode the run trains in (``parallelism.planned_mesh``), they are that mode's: the step of the program it
+    trains (a pack's, for all its runs), and ``parallelism`` names it."""
     if not entry:
         return {}
-    return {"estimated_step_seconds": float(entry["estimated_step_seconds"]),
-            "estimated_mfu": None if entry.get("estimated_mfu") is None else float(entry["estimated_mfu"]),
+    figures = entry
+    if mode is not None:
+        compared = (entry.get("parallelism") or {}).get("modes") or ()
+        figures = next((row for row in compared if row.get("mode") == mode and row.get("estimated_step_seconds")),
+                       None)
+        if figures is None:
+            raise ValueError(f"mode={mode!r} is invalid: the kept estimate has no figures for it")
+    trained = "" if mode is None else f", trained {mode}" + (
+        f" ({figures['pack_size']} runs per program)" if figures.get("pack_size", 1) > 1 else "")
+    return {"estimated_step_seconds": float(figures["estimated_step_seconds"]),
+            "estimated_mfu": None if figures.get("estimated_mfu") is None else float(figures["estimated_mfu"]),
             "estimate_source": f"preflight for {entry.get('slice')} (each run on {entry.get('topology')}, "
-                               f"{entry.get('chips')} chips), {str(entry.get('written', ''))[:10]}"}
+                               f"{entry.get('chips')} chips){trained}, {str(entry.get('written', ''))[:10]}",
+            **({"parallelism": mode} if mode is not None else {})}

@@ -62,6 +62,9 @@ What is reported per run, and where each number comes from:
   ``quick`` by default, ``depths``, ``full``); ``method_note`` says from what,
   ``fits_by`` how a run not compiled was judged to fit; ``per_layer`` (compiled
   rows) is what one more layer adds to each figure.
+- ``parallelism`` (sweeps with ``parallelism="auto"``; compiled rows only): the run's modes of training
+  (data, fsdp, packed) compiled and priced per run by both estimates, and the cheapest that fits
+  (``sweeps.preflight.parallelism``).
 - ``compile_cached``: the compiler's answer came from ``sweeps.preflight.compile_cache``
   (the same lowered program for the same slice and compiler was compiled by
   an earlier preflight), so ``compile_seconds`` is only the lookup.
@@ -130,7 +133,8 @@ def _bytes_in(message: str, pattern: str) -> int | None:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match else None
 
 
-def _is_out_of_memory(error: Exception) -> bool:
+def is_out_of_memory(error: Exception) -> bool:
+    """Whether a compile failed for lack of HBM (its answer depends on the program alone: worth caching)."""
     text = str(error)
     return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
 
@@ -202,13 +206,13 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
 
     started, hits = time.perf_counter(), cache.hits
     try:
-        compiled = cache.compile(lowered, topology.name, _is_out_of_memory)
+        compiled = cache.compile(lowered, topology.name, is_out_of_memory)
     except Exception as error:  # noqa: BLE001 - a run that cannot compile is a FAIL row, not a crash
         row["compile_seconds"] = round(time.perf_counter() - started, 2)
         row["compile_cached"] = cache.hits > hits
         text = str(error).strip()
         row["error"] = one_line(error)
-        if _is_out_of_memory(error):
+        if is_out_of_memory(error):
             temporaries, used = _bytes_in(text, r"temporaries"), _bytes_in(text, r"Used")
             row.update(argument_bytes=state_per_chip, temporary_bytes=temporaries,
                        hbm_bytes_per_device=used or (state_per_chip + temporaries if temporaries else None),
@@ -218,15 +222,9 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
     row["compile_seconds"] = round(time.perf_counter() - started, 2)
     row["compile_cached"] = cache.hits > hits
 
-    stats = compiled.memory_analysis()
-    planned = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-               + stats.temp_size_in_bytes)
-    fits = planned <= FIT_FRACTION * chip.hbm_bytes
-    row.update(hbm_bytes_per_device=int(planned), argument_bytes=int(stats.argument_size_in_bytes),
-               temporary_bytes=int(stats.temp_size_in_bytes), fits=fits, status="PASS" if fits else "FAIL",
-               compiler_peak_bytes=int(getattr(stats, "peak_memory_in_bytes", 0)) or None)
-    if not fits:
-        footprint = Footprint(int(stats.argument_size_in_bytes), state_total, int(stats.temp_size_in_bytes))
+    row.update(memory_fields(compiled, chip))
+    if not row["fits"]:
+        footprint = Footprint(row["argument_bytes"], state_total, row["temporary_bytes"])
         row["suggestion"] = suggest(config, mesh, footprint, chip.hbm_bytes)
 
     hlo_text = compiled.as_text()
@@ -235,6 +233,18 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         row["per_layer"] = layer_loop.per_layer(config, hlo_text, lambda priced, text: cost_fields(
             priced, text, topology, list(mesh.devices.flat)))
     return row
+
+
+def memory_fields(compiled, chip: Accelerator) -> dict:
+    """A row's memory fields from a compiled step's ``memory_analysis()``: bytes one chip holds while the step
+    runs (arguments + outputs - aliased + temporaries), its parts, and whether it ``fits`` (``FIT_FRACTION``)."""
+    stats = compiled.memory_analysis()
+    planned = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+               + stats.temp_size_in_bytes)
+    fits = planned <= FIT_FRACTION * chip.hbm_bytes
+    return {"hbm_bytes_per_device": int(planned), "argument_bytes": int(stats.argument_size_in_bytes),
+            "temporary_bytes": int(stats.temp_size_in_bytes), "fits": fits, "status": "PASS" if fits else "FAIL",
+            "compiler_peak_bytes": int(getattr(stats, "peak_memory_in_bytes", 0)) or None}
 
 
 def cost_fields(config: TrainConfig, hlo_text: str, topology: Topology, mesh_devices: list) -> dict:
@@ -289,7 +299,8 @@ def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips:
 
 
 def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, jobs: int = 1,
-               remat_search: bool = False, cache_directory: str | None = None, mode: str = "full") -> list[dict]:
+               remat_search: bool = False, cache_directory: str | None = None, mode: str = "full",
+               parallelism: bool = False) -> list[dict]:
     """Preflight ``runs`` (pairs of name and TrainConfig) for the slice ``topology_name``; one row per run.
 
     Each run is compiled for the mesh it will train on (``checked_topology``);
@@ -298,7 +309,8 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
     ``cache_directory``, programs compiled there before are not compiled again (``sweeps.preflight.compile_cache``).
     ``mode`` (``sweeps.preflight.quick.MODES``) says which programs are compiled: all (``full``), one per width
     (``depths``) or the fit check and anchor widths (``quick``); the others are re-priced or interpolated
-    from them, and each row's ``method`` says which.
+    from them, and each row's ``method`` says which. With ``parallelism`` each compiled row also gets the modes
+    of training the run compared and the cheapest chosen (``sweeps.preflight.parallelism``).
     """
     if not os.environ.get("JAX_PLATFORMS"):
         # Host-side work needs only the CPU; never claim (or wait for) a local TPU.
@@ -318,6 +330,10 @@ def check_runs(runs, topology_name: str, progress=None, pod_wide: bool = False, 
         options = (remat_search, cache_directory, mode != "full")  # --full re-prices nothing
         done.update(_compile_programs(batch, topology, where, jobs, options, progress))
         done, compile_now = quick.complete(programs, done, topology.chips, topology.chip)
+    if parallelism:
+        from sweeps.preflight import parallelism as parallelism_lib  # imported here: it builds on this module
+
+        parallelism_lib.add_choices(done, programs, topology, cache_directory, progress)
     rows = []
     for name, config in runs:
         row = done[program_key(config)]
@@ -440,7 +456,9 @@ def main(args, runs, deal: Deal | None = None) -> int:
     ``{"runs": [rows], "summary": {...}}`` instead of the table),
     ``pod_wide``, ``jobs`` (compile processes), ``remat_search`` and
     ``compile_cache`` (a directory, "off", or None for ``compile_cache.default_directory()``), ``mode``
-    (``sweeps.preflight.quick.MODES``, default "quick"; ``full`` true for "full") and
+    (``sweeps.preflight.quick.MODES``, default "quick"; ``full`` true for "full"), ``parallelism`` (compare the
+    ways of spreading each run over the chips, ``sweeps.preflight.parallelism``; the launcher sets it for sweeps
+    with ``parallelism="auto"``) and
     ``prices`` (a price file, or None: ``sweeps.preflight.prices.load_prices``).
     ``runs`` are the runs to check (the launcher's ``RunSpec``s, after ``--only``:
     ``name``, ``run_id``, ``config``); ``deal`` as for ``sweep_summary``.
@@ -466,7 +484,8 @@ def main(args, runs, deal: Deal | None = None) -> int:
     mode = "full" if getattr(args, "full", False) else (getattr(args, "mode", None) or "quick")
     rows = check_runs([(run.name, run.config) for run in runs], topology.name, pod_wide=pod_wide, jobs=jobs,
                       remat_search=getattr(args, "remat_search", False), cache_directory=cache_directory,
-                      progress=lambda text: print(text, file=sys.stderr, flush=True), mode=mode)
+                      progress=lambda text: print(text, file=sys.stderr, flush=True), mode=mode,
+                      parallelism=getattr(args, "parallelism", False))
     summary = sweep_summary(rows, runs, topology.name, pod_wide, deal)
     summary["preflight_mode"] = mode
     summary["preflight_seconds"] = round(time.perf_counter() - started, 1)

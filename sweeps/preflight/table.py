@@ -42,6 +42,18 @@ def _method(row: dict) -> str:
     return _cell(row["compile_seconds"], ".1f") + (" cached" if row.get("compile_cached") else "")
 
 
+def _parallelism(row: dict) -> str:
+    """The mode chosen and a run's seconds per step in it, roofline..compiler (``sweeps.preflight.parallelism``)."""
+    compared = row.get("parallelism")
+    if not compared:
+        return "-"
+    chosen = next((mode for mode in compared["modes"] if mode["mode"] == compared["choice"]), None)
+    if chosen is None:
+        return "none fits"
+    name = chosen["mode"] + (f"×{chosen['pack_size']}" if chosen["pack_size"] > 1 else "")
+    return f"{name} {fmt(chosen['run_roofline_seconds'], '.3g')}..{fmt(chosen['run_compiler_seconds'], '.3g', '?')}"
+
+
 def format_table(rows: list[dict], summary: dict | None = None) -> str:
     """A plain-text table of preflight rows (GiB per chip, TFLOP and GB per chip per step, seconds), then notes."""
     header = ("run", "HBM GiB/chip", "of GiB", "fits", "TFLOP/chip", "ICI GB/chip", "step s", "bound", "MFU est",
@@ -59,6 +71,9 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                       _loops(row),
                       _method(row),
                       row["status"]))
+    if any(row.get("parallelism") for row in rows):
+        header += ("parallelism",)
+        lines = [line + (_parallelism(row),) for line, row in zip(lines, rows)]
     text = text_table(list(header), lines, align=("left",) + ("right",) * (len(header) - 1)).splitlines()
     for row in rows:
         if row.get("same_program_as"):
@@ -79,6 +94,10 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                 "(sweeps/preflight/compiler_estimate.py; ? where it gave none); MFU est from model FLOPs with attention's "
                 "full square (the trainer's, scaling/flops.py), MFU causal with its causal half; MFU max: every op "
                 "at peak")
+    if any(row.get("parallelism") for row in rows):
+        text.append("parallelism: the cheapest mode that fits among data (parameters replicated), fsdp (sharded) and "
+                    "packed×k (k runs of the shape as one program, one per group of chips), and a run's seconds per "
+                    "step in it, roofline..compiler (a pack's step over its k runs; sweeps/preflight/parallelism.py)")
     if any(row.get("kernels_analytic") for row in rows):
         text.append("attention kernels (Pallas custom calls) carry no cost analysis: counted analytically "
                     "(sweeps/preflight/kernels.py)")
