@@ -261,13 +261,16 @@ def cmd_run(sweep: Sweep, args) -> int:
         _write_sweep_json(sweep, args.workdir)
     todo = _runs_to_train(sweep, runs, skipped, mine, which, args.workdir, say)
     pack = pack_size(sweep, args)
-    # The preflight's choice (parallelism="auto") is for runs trained one at a time; packs keep their meshes.
-    specs, modes = planned_runs(sweep, [state.spec for state in todo]) if pack == 1 else (
-        [state.spec for state in todo], {})
+    # The preflight's choice (parallelism="auto": a mesh, or a pack of one run per chip) unless packs are asked
+    # for (--pack, the sweep's pack): those keep their meshes.
+    specs, modes, sizes = planned_runs(sweep, [state.spec for state in todo]) if pack == 1 else (
+        [state.spec for state in todo], {}, {})
     loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy,
                    train_arguments=preflight_estimates(modes))  # each run's record keeps the preflight's estimate
+    pack = max([pack, *sizes.values()])
     if pack > 1:
-        packs = packing.plan_packs(specs, pack, agreed_start_steps(todo))
+        size_of = (lambda run: sizes.get(run.run_id, 1)) if sizes else None  # the preflight's packs
+        packs = packing.plan_packs(specs, pack, agreed_start_steps(todo), size_of)
         say(packing.plan_line(packs, pack))
         code = loop.train_packs(packs, desc=f"sweep {sweep.name}")
     else:
@@ -367,23 +370,26 @@ def preflight_estimates(modes: dict | None = None):
     return estimate_of
 
 
-def planned_runs(sweep: Sweep, specs: list[RunSpec]) -> tuple[list[RunSpec], dict[str, str]]:
-    """``specs`` with the meshes the preflight chose (``sweep.parallelism == "auto"``), and run id -> mode of
-    those it changed; unchanged for a pinned sweep or a run without a kept choice. The mesh is no part of the run
-    id. This loop trains one run at a time, so a run whose choice is a pack takes the cheapest solo mode that fits
-    (``sweeps.preflight.planned_mesh(..., solo=True)``)."""
+def planned_runs(sweep: Sweep, specs: list[RunSpec]) -> tuple[list[RunSpec], dict[str, str], dict[str, int]]:
+    """``specs`` with the meshes the preflight chose (``sweep.parallelism == "auto"``), run id -> mode of those
+    it changed, and run id -> pack size of those it packs (one run per chip: ``packing.plan_packs``'s
+    ``size_of``); unchanged for a pinned sweep or a run without a kept choice. The mesh is no part of the run
+    id. Pod-wide (several processes) packs are not trained, so there the cheapest solo mode is taken."""
     if sweep.parallelism != "auto":
-        return specs, {}
+        return specs, {}, {}
     import jax
 
     from sweeps.preflight import compile_cache, estimate_store, planned_mesh
 
-    directory, planned, modes = compile_cache.default_directory(None), [], {}
+    directory, planned, modes, sizes = compile_cache.default_directory(None), [], {}, {}
     for spec in specs:
-        plan = planned_mesh(spec.config, estimate_store.latest(directory, spec.run_id), solo=True)
+        plan = planned_mesh(spec.config, estimate_store.latest(directory, spec.run_id),
+                            solo=jax.process_count() > 1)
         if plan is not None:
             spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, mesh=plan[0]))
             modes[spec.run_id] = plan[2]
+            if plan[1] > 1:
+                sizes[spec.run_id] = plan[1]
         planned.append(spec)
     if jax.process_count() > 1:  # hosts that read different estimates would build different meshes and hang
         from scaling import multihost
@@ -391,7 +397,7 @@ def planned_runs(sweep: Sweep, specs: list[RunSpec]) -> tuple[list[RunSpec], dic
         if not multihost.all_agree(zlib.crc32(json.dumps(sorted(modes.items())).encode()) & 0x7FFFFFFF):
             raise LauncherError("the processes read different preflight estimates (parallelism=\"auto\"); point "
                                 "$SCALING_PREFLIGHT_CACHE at one copy of the estimates on every host")
-    return planned, modes
+    return planned, modes, sizes
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:

@@ -53,7 +53,8 @@ class Pack:
         return {"label": self.label, "start_step": self.start_step, "runs": self.names}
 
 
-def plan_packs(runs: list[RunSpec], pack: int, start_step: Callable[[RunSpec], int]) -> list[Pack]:
+def plan_packs(runs: list[RunSpec], pack: int, start_step: Callable[[RunSpec], int],
+               size_of: Callable[[RunSpec], int] | None = None) -> list[Pack]:
     """``runs`` (in the order they would train) grouped into packs of at most ``pack`` runs.
 
     Runs share a pack only when their ``pack_key`` and ``start_step(run)``
@@ -61,9 +62,12 @@ def plan_packs(runs: list[RunSpec], pack: int, start_step: Callable[[RunSpec], i
     earliest pack of its kind with room, else opens a new one; packs are in
     the order of their first runs, and runs within a pack keep their order.
     With ``pack`` 1 every run is a pack of its own, in the order given.
+    ``size_of(run)``: a pack size per run instead (the preflight's choice, at most ``pack``); runs of one
+    kind and size share packs of that size.
     """
     if not isinstance(pack, int) or isinstance(pack, bool) or pack < 1:
         raise ValueError(f"pack={pack!r} is invalid: allowed an integer >= 1 (the most runs trained together)")
+    size_of = size_of or (lambda run: pack)
     if pack == 1:  # no grouping to do: skip pack_key, which imports JAX
         groups = [[run] for run in runs]
         steps = [start_step(run) for run in runs]
@@ -72,15 +76,15 @@ def plan_packs(runs: list[RunSpec], pack: int, start_step: Callable[[RunSpec], i
 
         groups, steps, open_group = [], [], {}  # open_group: (key, step) -> index of its pack with room
         for run in runs:
-            step = start_step(run)
-            kind = (pack_key(run.config), step)
+            step, size = start_step(run), min(size_of(run), pack)
+            kind = (pack_key(run.config), step, size)
             index = open_group.get(kind)
             if index is None:
                 index = open_group[kind] = len(groups)
                 groups.append([])
                 steps.append(step)
             groups[index].append(run)
-            if len(groups[index]) == pack:
+            if len(groups[index]) == size:
                 del open_group[kind]
     return [Pack(f"p{i + 1}", tuple(group), step) for i, (group, step) in enumerate(zip(groups, steps))]
 

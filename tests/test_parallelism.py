@@ -177,15 +177,31 @@ def test_an_auto_sweep_trains_the_kept_choice_with_its_run_id_and_a_pinned_one_i
     chosen, other = sweep.expand().runs
     monkeypatch.setenv("SCALING_PREFLIGHT_CACHE", str(tmp_path / "cache"))
     fsdp = mode_row("fsdp", 0.02, 0.05, data=1, fsdp=-1)
-    packed = mode_row("packed", 0.01, 0.02, pack_size=4)  # cheapest, but this loop trains one run at a time
+    packed = mode_row("packed", 0.01, 0.02, pack_size=4)  # the cheapest: a pack of 4, one run per chip
     keep_choice(tmp_path / "cache", chosen, mode_row("data", 0.03, 0.08), fsdp, packed)
-    pinned_specs, pinned_modes = launch.planned_runs(sweep, [chosen, other])
-    assert pinned_specs == [chosen, other] and pinned_modes == {}
+    pinned_specs, pinned_modes, pinned_sizes = launch.planned_runs(sweep, [chosen, other])
+    assert pinned_specs == [chosen, other] and pinned_modes == pinned_sizes == {}
     auto = dataclasses.replace(sweep, parallelism="auto")
-    specs, modes = launch.planned_runs(auto, [chosen, other])
-    assert modes == {chosen.run_id: "fsdp"}  # the solo loop: the cheapest solo mode (the pack is for packs)
-    assert specs[0].config.mesh == MeshConfig(data=1, fsdp=-1) and specs[0].run_id == chosen.run_id
+    specs, modes, sizes = launch.planned_runs(auto, [chosen, other])
+    assert modes == {chosen.run_id: "packed"} and sizes == {chosen.run_id: 4}
+    assert specs[0].config.mesh == MeshConfig(data=-1, fsdp=1) and specs[0].run_id == chosen.run_id
     assert specs[1] == other  # no kept estimate: the sweep's own mesh
+    keep_choice(tmp_path / "cache", chosen, mode_row("data", 0.03, 0.08), fsdp)  # no pack compared
+    specs, modes, sizes = launch.planned_runs(auto, [chosen, other])
+    assert modes == {chosen.run_id: "fsdp"} and sizes == {}
+    assert specs[0].config.mesh == MeshConfig(data=1, fsdp=-1)
+
+
+def test_an_auto_sweep_whose_choice_is_a_pack_trains_its_runs_packed(tmp_path, monkeypatch):
+    sweep_file = tiny.write_sweep(tmp_path, "par_pack", GRID + ', seeds=(0, 1), parallelism="auto"')
+    runs = load_sweep(str(sweep_file)).expand().runs
+    monkeypatch.setenv("SCALING_PREFLIGHT_CACHE", str(tmp_path / "cache"))
+    for run in runs:  # a pack of 2 is each run's cheapest mode
+        keep_choice(tmp_path / "cache", run, mode_row("data", 0.03, 0.08), mode_row("packed", 0.01, 0.02, pack_size=2))
+    assert launch.main(["run", str(sweep_file), "--workdir", str(tmp_path / "runs")]) == 0
+    for run in runs:
+        record = records.read_record(run.run_dir(tmp_path / "runs"))
+        assert (record.status, record.pack_size, record.parallelism) == ("finished", 2, "packed")
 
 
 def test_an_auto_sweep_records_the_mode_it_trained_in(tmp_path, monkeypatch):
