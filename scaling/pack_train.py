@@ -128,6 +128,7 @@ class _Slot:
         self.last_loss = self.eval_loss = None
         self.saved_step: int | None = None
         self.index_in_pack = index
+        self.earlier_seconds = (0.0, 0.0)  # (wall, training) seconds of earlier segments of the run
 
     @classmethod
     def open(cls, index: int, config: TrainConfig, run_dir, stop: Stop, estimate: dict | None) -> "_Slot":
@@ -201,31 +202,43 @@ class PackTraining:
     # -- the start: each run's checkpoint or a fresh state, packed ----------------------------------------
 
     def _restore(self, show_progress: bool) -> None:
+        """Each run's newest checkpoint (runs at another step than most leave the pack), the packed state,
+        each run's tracker."""
         packed, slots = self.packed, self.slots
         for slot in slots:
             checkpoints = slot.member.open_checkpoints(packed_lib.member_abstract_state(packed, slot.index_in_pack))
             slot.start = train.restore_newest(checkpoints, slot.member.run_dir.name)
         steps = collections.Counter(slot.start.step if slot.start else 0 for slot in slots)
         self.start_step = min(steps, key=lambda step: (-steps[step], step))  # the most runs' step
-        fresh = None
-        states = []
         for slot in slots:
             step = slot.start.step if slot.start else 0
             if step != self.start_step:
                 slot.end(ResumesElsewhere(f"resumes from step {step}, the rest of its pack from step "
                                           f"{self.start_step}: train it alone"))
-            if slot.start is None or not slot.active:
-                if fresh is None:
-                    fresh = packed.init(packed_lib.stack_keys([c.seed for c in self.configs]))
-                state = packed_lib.member_state(packed, fresh, slot.index_in_pack)
-                if slot.start is None:
-                    slot.start = train.Start(state, train.fresh_meta(), 0, resumed=False)
-            states.append(slot.start.state if slot.active else state)
-        self.state = packed_lib.stack_states(packed, states)
+            elif slot.start is None:
+                slot.start = train.Start(None, train.fresh_meta(), 0, resumed=False)
+        self.state = self._packed_state()
         for position, slot in enumerate(self.live()):
+            # Wall and training seconds of the segments before this one (a checkpoint's meta is updated at
+            # each save, so they are read once, here).
+            meta = slot.start.meta
+            slot.earlier_seconds = (float(meta.get("wall_seconds", 0.0)), float(meta.get("train_seconds", 0.0)))
             slot.member.open_tracker(self.start_step, slot.start.meta, slot.start.resumed,
                                      show_progress and position == 0)  # one progress display per pack
             slot.last_loss = slot.member.tracker.pending(self.start_step).get("loss")
+
+    def _packed_state(self):
+        """The runs' states on the run axis: a fresh run's from the packed init, a resumed one's restored (the
+        slot of a run that left the pack holds a fresh state, unused)."""
+        packed, slots = self.packed, self.slots
+        fresh = None
+        if any(not slot.active or not slot.start.resumed for slot in slots):
+            fresh = packed.init(packed_lib.stack_keys([config.seed for config in self.configs]))
+        if all(slot.active and not slot.start.resumed for slot in slots):
+            return fresh  # a pack that starts afresh is the packed init itself: nothing to slice and stack
+        return packed_lib.stack_states(packed, [
+            slot.start.state if slot.active and slot.start.resumed else
+            packed_lib.member_state(packed, fresh, slot.index_in_pack) for slot in slots])
 
     def live(self) -> list[_Slot]:
         """The runs still in the pack."""
@@ -407,11 +420,11 @@ class PackTraining:
 
     def wall_seconds(self, slot: _Slot) -> float:
         """Wall seconds of every segment of ``slot``'s run so far, this one included."""
-        return float(slot.start.meta.get("wall_seconds", 0.0)) + time.perf_counter() - slot.member.started
+        return slot.earlier_seconds[0] + time.perf_counter() - slot.member.started
 
     def train_seconds(self, slot: _Slot) -> float:
         """Seconds of training steps (compilation excluded) of every segment of ``slot``'s run so far."""
-        earlier = float(slot.start.meta.get("train_seconds", 0.0))
+        earlier = slot.earlier_seconds[1]
         if self.steps_started is None:
             return earlier
         ended = time.perf_counter() if self.steps_ended is None else self.steps_ended

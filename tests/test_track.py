@@ -50,6 +50,23 @@ def test_wandb_offline_run_holds_the_loss_history(tmp_path):
     assert group == "unit-sweep"
 
 
+def test_each_run_of_a_pack_has_its_own_offline_wandb_run_with_its_losses(tmp_path):
+    # The runs of a pack are open at once in one process: each its own wandb run (reinit="create_new").
+    from scaling import pack_train
+
+    configs = [tiny.config(seed=seed, name=f"s{seed}", log_every=2, wandb_mode="offline") for seed in (0, 1)]
+    outcomes = pack_train.run_pack(configs, [tmp_path / "a", tmp_path / "b"], devices=tiny.one_device(),
+                                   show_progress=False)
+    for outcome, run_dir in zip(outcomes, [tmp_path / "a", tmp_path / "b"]):
+        (run_file,) = (run_dir / "wandb").glob(f"offline-run-*-{outcome.wandb_id}/run-*.wandb")
+        logged = [float(values["loss"]) for values in
+                  ({"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
+                   for record in _wandb_records(run_file) if record.WhichOneof("record_type") == "history")
+                  if "loss" in values]
+        np.testing.assert_allclose(logged, tiny.losses(run_dir), rtol=1e-6)
+        assert len(logged) == tiny.STEPS // 2
+
+
 def test_the_progress_bar_clock_starts_after_compilation(tmp_path, capsys):
     import time
 
