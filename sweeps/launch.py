@@ -457,7 +457,6 @@ def cmd_preflight(sweep: Sweep, args) -> int:
 
     runs, _ = sweep.expand()
     mine, _ = _my_runs(runs, args.shard, args)
-    args.parallelism = sweep.parallelism == "auto"  # compare the modes of training each run (more compiles)
     if args.jobs is None:
         args.jobs = preflight.default_jobs()
     elif args.jobs < 1:

@@ -232,7 +232,7 @@ def test_the_preflight_compiles_and_prices_each_mode_a_packed_one_included(tmp_p
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = launch.main(["preflight", str(sweep_file), "--topology", "v5e:2x2", "--jobs", "1",
-                            "--compile-cache", str(cache), "--json"])
+                            "--compile-cache", str(cache), "--json", "--parallelism"])
     assert code == 0
     report = json.loads(out.getvalue())
     row = report["runs"][0]
@@ -253,3 +253,9 @@ def test_the_preflight_compiles_and_prices_each_mode_a_packed_one_included(tmp_p
     (run,) = load_sweep(str(sweep_file)).expand().runs
     kept = estimate_store.latest(str(cache), run.run_id)
     assert preflight.planned_mesh(run.config, kept)[2] == best["mode"]
+    # Without --parallelism the preflight compiles the run as the sweep gives it and compares nothing.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert launch.main(["preflight", str(sweep_file), "--topology", "v5e:2x2", "--jobs", "1",
+                            "--compile-cache", str(cache), "--json"]) == 0
+    assert not json.loads(out.getvalue())["runs"][0].get("parallelism")
