@@ -149,20 +149,20 @@ def test_the_training_state_is_four_times_the_parameters_within_a_percent():
         assert budget.training_state_bytes(half) == pytest.approx(budget.training_state_bytes(model) / 2, abs=8)
 
 
-def test_the_paper_sweep_replicates_the_models_that_fit_a_chip_and_keeps_its_run_ids():
+def test_a_data_parallel_state_limit_replicates_the_models_that_fit_and_keeps_run_ids():
     sweep = load_sweep(PAPER)
-    assert sweep.parallelism == "auto"
-    runs = sweep.expand().runs
+    assert sweep.parallelism == "auto"  # the paper sweep trains each run as its preflight chose
     room = hardware.TPU_V5E.hbm_bytes // 4
+    limited = dataclasses.replace(sweep, data_parallel_state_bytes=room)
+    runs = limited.expand().runs
     for run in runs:
         data_parallel = budget.training_state_bytes(run.config.model) <= room
         assert (run.config.mesh.data, run.config.mesh.fsdp) == ((-1, 1) if data_parallel else (1, -1)), run.name
     by_name = {run.name: run for run in runs}
     assert by_name["L6-d128-s0"].config.mesh.data == -1 and by_name["L48-d1600-s0"].config.mesh.fsdp == -1
-    # The sweep as it was before (fsdp on every run, pinned) gives the same run ids: the mesh is no part of them.
-    before = dataclasses.replace(sweep, parallelism="pinned", data_parallel_state_bytes=None)
-    assert {run.config.mesh for run in before.expand().runs} == {MeshConfig(data=1, fsdp=-1, tensor=1)}
-    assert [run.run_id for run in before.expand().runs] == [run.run_id for run in runs]
+    # Without the limit (fsdp on every run, as the sweep was) the run ids are the same: the mesh is no part of them.
+    assert {run.config.mesh for run in sweep.expand().runs} == {MeshConfig(data=1, fsdp=-1, tensor=1)}
+    assert [run.run_id for run in sweep.expand().runs] == [run.run_id for run in runs]
 
 
 def keep_choice(cache, run, *rows) -> None:

@@ -6,12 +6,14 @@ v5e:2x2 with libtpu (seconds each) and sets the re-priced row against the compil
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
 
 import pytest
 
+from scaling import hardware
 from scaling.config import DataConfig, ModelConfig, TrainConfig
 from sweeps import launch, preflight, spec
 from sweeps.preflight import hlo, layer_loop, quick, report
@@ -37,20 +39,27 @@ def test_anchor_widths_keep_both_ends_and_neighbours_within_the_ratio():
     assert quick.anchor_widths([64, 128, 192]) == [64, 128, 192]  # one inside, to measure the error
 
 
-def test_the_paper_sweep_compiles_14_programs_quick_25_by_width_and_48_in_full():
-    # Two families: the runs whose state fits a chip train data-parallel, the larger ones fsdp (their meshes
-    # differ, so their programs do), and each family has its own fit check and anchor widths.
+def test_the_paper_sweep_compiles_7_programs_quick_23_by_width_and_48_in_full():
     runs, _ = spec.load_sweep(PAPER).expand()
     programs = programs_of([(run.name, run.config) for run in runs])
     counts = {mode: len(quick.to_compile(programs, mode)) for mode in quick.MODES}
-    assert counts == {"quick": 14, "depths": 25, "full": 48}
+    assert counts == {"quick": 7, "depths": 23, "full": 48}
     compiled = {(p.depth, p.width) for p in quick.to_compile(programs, "quick")}
-    # The fit check: no run of its family is both deeper and wider than these.
-    fit_check = {(p.depth, p.width, p.config.mesh.fsdp) for p in quick.non_dominated(programs)}
-    assert fit_check == {(48, 1600, -1), (36, 1856, -1), (24, 768, 1), (30, 704, 1), (36, 640, 1)}
-    assert {(depth, width) for depth, width, _ in fit_check} <= compiled
+    # The fit check: no run is both deeper and wider than these two.
+    assert {(p.depth, p.width) for p in quick.non_dominated(programs)} == {(48, 1600), (36, 1856)}
+    assert {(48, 1600), (36, 1856)} <= compiled
     with pytest.raises(ValueError, match="mode='fast': allowed quick, depths, full"):
         quick.to_compile(programs, "fast")
+
+
+def test_two_mesh_families_are_checked_and_anchored_each_on_their_own():
+    # Runs whose state fits a chip replicated (data_parallel_state_bytes), the larger ones fsdp: their programs
+    # differ, so each family has its own fit check and anchor widths.
+    sweep = dataclasses.replace(spec.load_sweep(PAPER), data_parallel_state_bytes=hardware.TPU_V5E.hbm_bytes // 4)
+    programs = programs_of([(run.name, run.config) for run in sweep.expand().runs])
+    assert len(quick.to_compile(programs, "quick")) == 14
+    fit_check = {(p.depth, p.width, p.config.mesh.fsdp) for p in quick.non_dominated(programs)}
+    assert fit_check == {(48, 1600, -1), (36, 1856, -1), (24, 768, 1), (30, 704, 1), (36, 640, 1)}
 
 
 # ---------------------------------------------------------------------------

@@ -35,15 +35,14 @@ attention (``model.attention_impl="flash"``: the Pallas splash kernel on
 TPU, which never writes the [T, T] scores to memory; not part of the run
 id).
 
-Meshes (no part of the run id). A run whose training state (parameters,
-gradients, AdamW's moments: ``scaling.budget.training_state_bytes``) takes at
-most a quarter of a v5e chip's HBM trains data-parallel (parameters
-replicated; ``DATA_PARALLEL_STATE_BYTES``); larger ones shard parameters and
-optimizer state with the fsdp axis over all devices. With
-``parallelism="auto"`` the preflight also compiles each run data-parallel,
-fully sharded and packed (one run per chip) and prices them by both of its
-estimates, and ``run`` trains each run in the cheapest that fits
-(``sweeps/preflight/parallelism.py``).
+Meshes (no part of the run id). ``parallelism="auto"``: each run trains the
+way ``preflight --parallelism`` chose for it (data-parallel with parameters
+replicated, fully sharded, or packed one run per chip: the cheapest that fits
+by both of its estimates; ``sweeps/preflight/parallelism.py``). A run with no
+kept choice shards parameters and optimizer state with the fsdp axis over all
+devices, which fits every run of the sweep. (``Sweep.data_parallel_state_bytes``
+would replicate the small runs without a preflight, but then the preflight
+compiles two families of programs, twice the time.)
 The fsdp size must divide the widths: on 256 chips fsdp=256 divides none
 of them, the state stays unsharded and the large runs do not fit; the
 preflight says so and suggests e.g. ``--set mesh.data=4 --set mesh.fsdp=64``.
@@ -79,8 +78,6 @@ from sweeps.spec import Sweep
 DEPTHS = (6, 12, 18, 24, 30, 36, 48)
 WINDOW = 3.0  # each depth's budgets reach this factor beyond the transitions it takes part in
 LADDER = 1e6 * 2.0 ** (np.arange(0, 24) / 2)  # 1e6 .. 2.9e9 parameters, factors of √2
-# Training states up to this size train data-parallel; a v5e chip keeps three quarters for activations.
-DATA_PARALLEL_STATE_BYTES = hardware.TPU_V5E.hbm_bytes // 4
 
 
 def budgets_per_depth(depths=DEPTHS, window=WINDOW, fit=FIT_PRESETS["levine2020"]) -> dict:
@@ -107,4 +104,4 @@ def sweep() -> Sweep:
         peak_flops=hardware.TPU_V5E.peak_flops("bfloat16"),  # per chip, for MFU and dry-run's time
         wandb_mode="auto")
     return Sweep(name="paper", base=base, depths=DEPTHS, budgets=budgets_per_depth(), seeds=(0, 1, 2),
-                 multiple_of=64, parallelism="auto", data_parallel_state_bytes=DATA_PARALLEL_STATE_BYTES)
+                 multiple_of=64, parallelism="auto")
