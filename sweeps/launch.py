@@ -54,17 +54,16 @@ Using many hosts (``sweeps.hosts`` decides, and lists where it reads what;
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import os
 import sys
-import zlib
 
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
 from sweeps import cloud, hosts, packing
 from sweeps import spec as spec_lib
 from sweeps.launch_parser import build_parser
+from sweeps.preflight_plan import planned_runs, preflight_estimates
 from sweeps.spec import RunSpec, Sweep
 from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_states, run_table,
                           skipped_lines, summary, text_table, unreadable_lines)
@@ -353,51 +352,6 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     table = wandb.Table(columns=columns, data=[[s.to_dict()[c] for c in columns] for s in states])
     run.log({"runs": table, **{f"runs_{status}": n for status, n in counts(states).items()}})
     run.finish()
-
-
-def preflight_estimates(modes: dict | None = None):
-    """``estimate_of(run)``: ``train.run``'s ``estimate`` argument (the record fields of the newest preflight
-    estimate kept for ``run``, ``sweeps.preflight.estimate_store``; those of its parallelism mode where ``modes``,
-    run id -> mode, has one: ``planned_runs``), or no argument where there is none."""
-    from sweeps.preflight import compile_cache, estimate_store
-
-    directory, modes = compile_cache.default_directory(None), modes or {}
-
-    def estimate_of(run) -> dict:
-        fields = estimate_store.record_fields(estimate_store.latest(directory, run.run_id), modes.get(run.run_id))
-        return {"estimate": fields} if fields else {}
-
-    return estimate_of
-
-
-def planned_runs(sweep: Sweep, specs: list[RunSpec]) -> tuple[list[RunSpec], dict[str, str], dict[str, int]]:
-    """``specs`` with the meshes the preflight chose (``sweep.parallelism == "auto"``), run id -> mode of those
-    it changed, and run id -> pack size of those it packs (one run per chip: ``packing.plan_packs``'s
-    ``size_of``); unchanged for a pinned sweep or a run without a kept choice. The mesh is no part of the run
-    id. Pod-wide (several processes) packs are not trained, so there the cheapest solo mode is taken."""
-    if sweep.parallelism != "auto":
-        return specs, {}, {}
-    import jax
-
-    from sweeps.preflight import compile_cache, estimate_store, planned_mesh
-
-    directory, planned, modes, sizes = compile_cache.default_directory(None), [], {}, {}
-    for spec in specs:
-        plan = planned_mesh(spec.config, estimate_store.latest(directory, spec.run_id),
-                            solo=jax.process_count() > 1)
-        if plan is not None:
-            spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, mesh=plan[0]))
-            modes[spec.run_id] = plan[2]
-            if plan[1] > 1:
-                sizes[spec.run_id] = plan[1]
-        planned.append(spec)
-    if jax.process_count() > 1:  # hosts that read different estimates would build different meshes and hang
-        from scaling import multihost
-
-        if not multihost.all_agree(zlib.crc32(json.dumps(sorted(modes.items())).encode()) & 0x7FFFFFFF):
-            raise LauncherError("the processes read different preflight estimates (parallelism=\"auto\"); point "
-                                "$SCALING_PREFLIGHT_CACHE at one copy of the estimates on every host")
-    return planned, modes, sizes
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:

@@ -128,13 +128,13 @@ def _add_options(sub, command: str) -> None:
         sub.add_argument("--jobs", type=int, default=None, metavar="N",
                          help="compile the distinct programs in N processes (default: as memory and cores "
                               "allow, at most 4)")
-        sub.add_argument("--parallelism", action="store_true",
-                         help="also compile each compiled run data-parallel, fsdp and packed (one run per chip) "
-                              "and keep the cheapest that fits (up to 2 more compiles a run); a sweep with "
-                              "parallelism=\"auto\" then trains each run that way")
-        sub.add_argument("--remat-search", action="store_true",
-                         help="for each run that fits, also compile the cheaper remat policies (none < dots "
-                              "< full) and report the cheapest that fits (up to 2 more compiles a run)")
+        for flag, text in (
+                ("--parallelism", "also compile each compiled run data-parallel, fsdp and packed (one run per "
+                                  "chip) and keep the cheapest that fits (up to 2 more compiles a run); a sweep "
+                                  "with parallelism=\"auto\" then trains each run that way"),
+                ("--remat-search", "for each run that fits, also compile the cheaper remat policies (none < dots "
+                                   "< full) and report the cheapest that fits (up to 2 more compiles a run)")):
+            sub.add_argument(flag, action="store_true", help=text)
         sub.add_argument("--compile-cache", default=None, metavar="DIR",
                          help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
                               "only programs that changed; 'off' compiles everything (default: "

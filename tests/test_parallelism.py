@@ -12,7 +12,7 @@ import pytest
 import tiny
 from scaling import budget, hardware, records
 from scaling.config import MeshConfig
-from sweeps import launch, preflight
+from sweeps import launch, preflight, preflight_plan
 from sweeps.preflight import estimate_store, parallelism
 from sweeps.preflight import table as preflight_table
 from sweeps.spec import load_sweep
@@ -179,15 +179,15 @@ def test_an_auto_sweep_trains_the_kept_choice_with_its_run_id_and_a_pinned_one_i
     fsdp = mode_row("fsdp", 0.02, 0.05, data=1, fsdp=-1)
     packed = mode_row("packed", 0.01, 0.02, pack_size=4)  # the cheapest: a pack of 4, one run per chip
     keep_choice(tmp_path / "cache", chosen, mode_row("data", 0.03, 0.08), fsdp, packed)
-    pinned_specs, pinned_modes, pinned_sizes = launch.planned_runs(sweep, [chosen, other])
+    pinned_specs, pinned_modes, pinned_sizes = preflight_plan.planned_runs(sweep, [chosen, other])
     assert pinned_specs == [chosen, other] and pinned_modes == pinned_sizes == {}
     auto = dataclasses.replace(sweep, parallelism="auto")
-    specs, modes, sizes = launch.planned_runs(auto, [chosen, other])
+    specs, modes, sizes = preflight_plan.planned_runs(auto, [chosen, other])
     assert modes == {chosen.run_id: "packed"} and sizes == {chosen.run_id: 4}
     assert specs[0].config.mesh == MeshConfig(data=-1, fsdp=1) and specs[0].run_id == chosen.run_id
     assert specs[1] == other  # no kept estimate: the sweep's own mesh
     keep_choice(tmp_path / "cache", chosen, mode_row("data", 0.03, 0.08), fsdp)  # no pack compared
-    specs, modes, sizes = launch.planned_runs(auto, [chosen, other])
+    specs, modes, sizes = preflight_plan.planned_runs(auto, [chosen, other])
     assert modes == {chosen.run_id: "fsdp"} and sizes == {}
     assert specs[0].config.mesh == MeshConfig(data=1, fsdp=-1)
 
