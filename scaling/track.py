@@ -57,9 +57,9 @@ class Tracker:
     row, written once a later step is logged or at ``flush``. When a run
     resumes from a checkpoint at step S (``keep_until_step=S``), rows after S,
     left by the interrupted segment, are removed first and the row of step S
-    is held so that what the resumed run logs at S merges into it; it is
-    written again then, and the reader merges the two (a resume killed before
-    that write keeps the row). A fresh start (``keep_until_step=None``)
+    is held so that what the resumed run logs at S merges into it. That row
+    stays on disk until the merged one replaces it (``metrics_log.py``), so a
+    resume killed before its first write loses nothing. A fresh start (``keep_until_step=None``)
     clears the file. Non-finite values are written as null, so the file is
     strict JSON.
 
