@@ -65,26 +65,9 @@ class RunLoop:
         self.busy, self.failed, self.announced = [], [], set()
 
     def train(self, queue: list[RunSpec], desc: str) -> int | None:
-        """Train ``queue`` in order, then wait for the runs other launchers hold, unless ``when_busy`` is
-        ``exit``. An exit status if the sweep stops early, else None."""
-        # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
-        self.bar = progress.bar(total=len(queue), desc=desc, unit="run", interval=0, dynamic_ncols=True,
-                                file=sys.stderr, shown=self.show_progress)
-        with self.stop.listening(), contextlib.closing(self.bar):
-            while queue:
-                self.busy = []
-                for run in queue:
-                    code = self.train_one(run)
-                    if code is not None:
-                        return code
-                queue = []
-                if self.busy and self.when_busy == "wait":
-                    queue = self.wait_for_held()
-                    if self.stop.requested:
-                        self.say(f"stopped while waiting: {self.stop.signal} received; rerun the same command "
-                                 "to resume")
-                        return PREEMPTED_EXIT_CODE
-        return None
+        """Train ``queue`` in order, one run at a time, then wait for the runs other launchers hold, unless
+        ``when_busy`` is ``exit``. An exit status if the sweep stops early, else None."""
+        return self._train_groups([[run] for run in queue], desc)
 
     def train_one(self, run: RunSpec) -> int | None:
         """Attempt ``run`` and do what its outcome says; an exit status if the sweep stops here."""
@@ -114,29 +97,30 @@ class RunLoop:
 
     def train_packs(self, packs: list[Pack], desc: str) -> int | None:
         """Train ``packs`` (``sweeps.packing.plan_packs``) in order, each as one program
-        (``scaling.pack_train``; a pack of one alone), then as ``train`` does the runs other launchers
-        hold. A run that left its pack to resume at its own step trains alone right after it. An exit
-        status if the sweep stops early, else None."""
-        packs = [list(pack.runs) for pack in packs]
-        queue = [run for pack in packs for run in pack]
-        self.bar = progress.bar(total=len(queue), desc=desc, unit="run", interval=0, dynamic_ncols=True,
+        (``scaling.pack_train``; a pack of one alone), then as ``train`` does. A run that left its pack to
+        resume at its own step trains alone right after it."""
+        return self._train_groups([list(pack.runs) for pack in packs], desc)
+
+    def _train_groups(self, groups: list[list[RunSpec]], desc: str) -> int | None:
+        """Train each group of runs (``train_pack``), then, with ``when_busy="wait"``, the runs other
+        launchers held, one at a time as they come free."""
+        # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
+        self.bar = progress.bar(total=sum(map(len, groups)), desc=desc, unit="run", interval=0, dynamic_ncols=True,
                                 file=sys.stderr, shown=self.show_progress)
         with self.stop.listening(), contextlib.closing(self.bar):
-            self.busy = []
-            for pack in packs:
-                code = self.train_pack(pack)
-                if code is not None:
-                    return code
-            while self.busy and self.when_busy == "wait":
-                held = self.wait_for_held()
-                if self.stop.requested:
-                    self.say(f"stopped while waiting: {self.stop.signal} received; rerun the same command to resume")
-                    return PREEMPTED_EXIT_CODE
+            while groups:
                 self.busy = []
-                for run in held:
-                    code = self.train_one(run)
+                for group in groups:
+                    code = self.train_pack(group)
                     if code is not None:
                         return code
+                groups = []
+                if self.busy and self.when_busy == "wait":
+                    groups = [[run] for run in self.wait_for_held()]
+                    if self.stop.requested:
+                        self.say(f"stopped while waiting: {self.stop.signal} received; rerun the same command "
+                                 "to resume")
+                        return PREEMPTED_EXIT_CODE
         return None
 
     def train_pack(self, pack: list[RunSpec]) -> int | None:
