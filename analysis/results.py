@@ -174,6 +174,7 @@ def _read_sweep_dir(directory: epath.Path, root: str):
         parsed.append((str(file), record))
     parsed, untrusted = _trusted(parsed)
     notes += [f"{file}: skipped, {problem}" for file, problem in untrusted]
+    notes += _unchecked(parsed)
     frame, skipped, unfinished, more_notes = _rows_from_records(parsed, root)
     if unreadable:
         skipped["unreadable record"] = unreadable
@@ -199,6 +200,23 @@ def _trusted(parsed):
         problems = list(pool.map(problem, parsed))
     kept = [item for item, found in zip(parsed, problems) if not found]
     return kept, [(item[0], found) for item, found in zip(parsed, problems) if found]
+
+
+def _unchecked(parsed) -> list[str]:
+    """A note for each finished record that nothing can check: its metrics log is missing
+    (``scaling.record_checks.unlogged_problem``); the record is still read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def note(item):
+        file, record = item
+        try:
+            problem = record_checks.unlogged_problem(record, posixpath.dirname(file))
+        except OSError:
+            return None
+        return None if problem is None else f"{file}: not checked, {problem}"
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return [found for found in pool.map(note, parsed) if found]
 
 
 def _rows_from_records(parsed, root: str):

@@ -5,7 +5,7 @@ the throughput benchmark's model), it builds ``scaling.program.build(...)``
 twice, with ``ModelConfig.scan_layers`` True and False, and reports:
 - compile seconds: building the program (its abstract state), tracing,
   lowering and XLA compilation of ``train_step`` (ahead of time, from
-  abstract shapes, by ``scaling.program.lower_train_step``);
+  abstract shapes, by ``scaling.run_program.lower_train_step``);
 - step milliseconds: the median wall time of one compiled step.
 Scanning should keep compile time flat in depth; unrolling grows with it.
 
@@ -30,14 +30,15 @@ def measure(depth: int, width: int, scan_layers: bool, steps: int) -> dict:
     import jax
 
     from scaling import mesh as mesh_lib
-    from scaling import program as program_lib
+    from scaling import program as program_lib, run_program
     from scaling.config import MeshConfig
 
     config = train_config(depth, width, scan_layers=scan_layers)
     mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
     program_lib.forget_programs()  # compile from scratch, even a shape this process has built before
     start = time.perf_counter()
-    program, lowered = program_lib.lower_train_step(config, mesh)
+    program, lowered = run_program.lower_train_step(config, mesh)
+    program = program.solo
     compiled = lowered.compile()
     compile_seconds = time.perf_counter() - start
     state, batch = program.init(jax.random.PRNGKey(0)), random_batch(mesh)

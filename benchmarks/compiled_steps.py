@@ -5,7 +5,7 @@
     python benchmarks/compiled_steps.py price DIR > rows.json               # preflight-style rows, one per file
 
 ``save`` compiles with whatever code is first on ``PYTHONPATH`` through its
-public names (``scaling.program.lower_train_step``, ``sweeps.preflight``'s
+public names (``scaling.run_program.lower_train_step``, ``sweeps.preflight``'s
 ``topology_devices``, ``sweeps.spec``), so the programs of another commit
 from this one on can be saved with it and priced by a newer roofline.
 Commits older than ``lower_train_step`` had only the preflight's private
@@ -59,7 +59,7 @@ def save(directory: Path, runs) -> None:
     """Compile each run for its whole topology and write NAME.hlo and NAME.json (memory, config) to ``directory``."""
     import jax
 
-    from scaling import mesh as mesh_lib, program as program_lib
+    from scaling import mesh as mesh_lib, program as program_lib, run_program
     from scaling.config import to_dict
     from sweeps import preflight
 
@@ -68,7 +68,7 @@ def save(directory: Path, runs) -> None:
         devices = preflight.topology_devices(preflight.parse_topology(topology))
         mesh = mesh_lib.make_mesh(config.mesh, devices)
         started = time.perf_counter()
-        compiled = program_lib.lower_train_step(config, mesh)[1].compile()
+        compiled = run_program.lower_train_step(config, mesh)[1].compile()
         stats = compiled.memory_analysis()
         planned = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
                    + stats.temp_size_in_bytes)
@@ -82,7 +82,7 @@ def save(directory: Path, runs) -> None:
 
 def price(directory: Path) -> list[dict]:
     """Preflight-style cost rows of every program saved in ``directory``, priced by this checkout's roofline."""
-    from scaling import mesh as mesh_lib, program as program_lib
+    from scaling import mesh as mesh_lib, program as program_lib, run_program
     from scaling.config import TrainConfig, from_dict
     from sweeps import preflight
     from sweeps.preflight import kernels, roofline

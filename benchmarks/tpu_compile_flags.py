@@ -6,7 +6,7 @@
 
 The preflight's first run over a sweep is as slow as libtpu compiling each
 distinct program. This compiles one run's train step the way the preflight
-does (``scaling.program.lower_train_step(...)``, then ``.compile()``, for the slice's
+does (``scaling.run_program.lower_train_step(...)``, then ``.compile()``, for the slice's
 compile-only devices), once with libtpu's defaults and once per ``--flags``
 (written ``--flags=VALUE``, as the value starts with dashes), each in a fresh process: libtpu reads ``LIBTPU_INIT_ARGS`` once, when
 it starts. Printed per flag set: seconds to lower and to compile, the
@@ -48,7 +48,7 @@ def compile_once(sweep_path: str, run_name: str, topology_name: str) -> dict:
     """Lower and compile ``run_name`` of the sweep for ``topology_name`` in this process; seconds and sizes."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from scaling import mesh as mesh_lib
-    from scaling import program as program_lib
+    from scaling import program as program_lib, run_program
     from sweeps import preflight
     from sweeps.spec import load_sweep
 
@@ -60,7 +60,7 @@ def compile_once(sweep_path: str, run_name: str, topology_name: str) -> dict:
     mesh = mesh_lib.make_mesh(config.mesh, preflight.topology_devices(topology))
     program_lib.build(config, mesh, **preflight.program_arguments(config))  # built (not lowered) outside the timing
     start = time.perf_counter()
-    _, lowered = program_lib.lower_train_step(config, mesh, preflight.program_arguments(config))
+    _, lowered = run_program.lower_train_step(config, mesh, arguments=preflight.program_arguments(config))
     lowered_at = time.perf_counter()
     try:
         compiled = lowered.compile()

@@ -44,7 +44,7 @@ class AlreadyFinished(Exception):
 
 
 class ResumesElsewhere(Exception):
-    """A run of a pack (``scaling.pack_train``) whose newest checkpoint is at another step than the pack's:
+    """A run of a pack (``scaling.train.run_pack``) whose newest checkpoint is at another step than the pack's:
     it leaves the pack before it trains, with nothing recorded, and trains alone or in another pack."""
 
 
@@ -78,11 +78,11 @@ def ending(error: BaseException | None, status: str = "finished") -> Ending:
     return Ending("failed", 1, 1)
 
 
-def as_raised(error: BaseException, stop: Stop) -> BaseException:
-    """What ``error`` means for a run that ``stop`` watches, as the exception the run raises: ``LeaseLost``
-    for any error once the lease was lost (the run's files are another process's now), ``Preempted`` for a
-    checkpoint write given up on because a stop arrived while it hung; else ``error`` itself."""
-    if stop.lease_lost and not isinstance(error, LeaseLost):
+def as_raised(error: BaseException, stop: Stop, lease_lost: bool) -> BaseException:
+    """What ``error`` means for a run that ``stop`` stops, as the exception the run raises: ``LeaseLost``
+    for any error once its lease was lost (``lease_lost``: the run's files are another process's now),
+    ``Preempted`` for a checkpoint write given up on because a stop arrived while it hung; else ``error``."""
+    if lease_lost and not isinstance(error, LeaseLost):
         return LeaseLost(f"another process took over this run's lease; stopped without writing to it "
                          f"(then: {rundir.one_line(error)})")
     if isinstance(error, WriteAbandoned) and error.stopped:

@@ -127,7 +127,10 @@ class Lease:
             found = self._store.read(self.path)
         except Exception:  # noqa: BLE001 - cannot tell: treat as lost rather than risk two writers
             return False
-        return found is not None and found[0].get("token") == self.token
+        held = found is not None and found[0].get("token") == self.token
+        if found is not None and not held:
+            self.lost = True  # another process's token: taken over for good
+        return held
 
     def release(self) -> None:
         """Stop the heartbeat and delete the lease if it is still ours."""

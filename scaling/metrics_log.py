@@ -100,7 +100,8 @@ class MetricsLog:
             kept = [(line, row) for line, row in rows if row["step"] < first_step]
             text = "".join(line + "\n" for line, _ in kept)
             if part == self.file and not self.remote:
-                if len(kept) != len(rows):
+                # A fresh start (``first_step`` None) empties the file: no row of the old start survives.
+                if len(kept) != len(rows) or (first_step is None and part.stat().st_size > 0):
                     write_atomic(part, text)
             elif not kept:
                 part.unlink()

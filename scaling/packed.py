@@ -46,10 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scaling import data as data_lib, mesh as mesh_lib, optim as optim_lib
+from scaling import mesh as mesh_lib
 from scaling.config import TrainConfig
-from scaling.program import (Program, ProgramShape, build_shape, eval_step_function, train_step_function,
-                             batch_spec as program_batch_spec)
+from scaling.program import (Program, ProgramShape, build_shape, eval_step_function, initial_state_function,
+                             train_step_function, batch_spec as program_batch_spec)
 
 RUNS = mesh_lib.RUNS_AXIS
 BATCHINGS = ("vmap", "map")
@@ -137,22 +137,6 @@ def batch_spec(config: TrainConfig, packed: PackedProgram) -> dict:
             for key, leaf in program_batch_spec(config, packed.solo.mesh).items()}
 
 
-def lower_packed_train_step(config: TrainConfig, mesh: Mesh, size: int, arguments: dict | None = None,
-                            batching: str | None = None) -> tuple[PackedProgram, jax.stages.Lowered]:
-    """The packed program of ``size`` runs of ``config``'s shape on ``mesh`` (``mesh.make_packed_mesh``) and its
-    train step lowered ahead of time: ``(packed, lowered)``, as ``program.lower_train_step`` for one run.
-
-    Nothing is allocated and no data is read (state, batch and hyperparameters are abstract), so ``mesh`` may be
-    made of compile-only devices (a TPU slice described by libtpu). ``arguments`` are ``program.build``'s data
-    keywords (default: the trainer's for the config, ``scaling.data.program_arguments``); ``batching`` as for
-    ``build_packed``. Raises ValueError as ``build_packed`` does.
-    """
-    if arguments is None:
-        arguments = data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
-    packed = build_packed(ProgramShape.of(config, **arguments), mesh, size, batching)
-    return packed, packed.train_step.lower(packed.abstract_state, batch_spec(config, packed), packed.abstract_hparams)
-
-
 @functools.lru_cache(maxsize=4)
 def _build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str) -> PackedProgram:
     solo = build_shape(shape, mesh_lib.group_mesh(mesh, 0))
@@ -190,7 +174,8 @@ def _build_packed(shape: ProgramShape, mesh: Mesh, size: int, batching: str) -> 
 
     # The initial state is the solo run's (the same random bits) in either batching; mapped, it compiles as
     # quickly as the solo init (a CPU sweep's start-up), vmapped as one batched program.
-    initialize = _state_initializer(solo)
+    boxed_state = initial_state_function(shape, solo.model)
+    initialize = lambda rng: nn.unbox(boxed_state(rng))  # noqa: E731
     batched_init = (jax.vmap(initialize, spmd_axis_name=RUNS) if batching == "vmap"
                     else functools.partial(jax.lax.map, initialize))
     init = jax.jit(batched_init, in_shardings=per_run, out_shardings=state_shardings)
@@ -209,20 +194,6 @@ def _stacked(sharding, mesh: Mesh):
     if not isinstance(sharding, NamedSharding):
         return sharding
     return NamedSharding(mesh, PartitionSpec(RUNS, *sharding.spec))
-
-
-def _state_initializer(solo: Program) -> Callable:
-    """``key -> state`` of one run, unjitted (to be vmapped): what ``solo.init`` computes."""
-    shape = solo.shape
-    template = {"key": np.asarray(jax.random.PRNGKey(0)), **optim_lib.hyperparameters(shape.optim, shape.model, 1)}
-    sample = jnp.zeros((1, shape.seq_len), jnp.int32)
-
-    def initial_state(rng):
-        params = solo.model.init(rng, sample)["params"]
-        tx = optim_lib.make_optimizer(shape.optim, shape.grouped, template)
-        return nn.unbox({"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)})
-
-    return initial_state
 
 
 # ---------------------------------------------------------------------------
@@ -310,15 +281,3 @@ def member_metrics(metrics: dict) -> list[dict]:
     host = jax.device_get(metrics)
     size = len(next(iter(host.values())))
     return [{name: values[member].item() for name, values in host.items()} for member in range(size)]
-
-
-def evaluate_members(packed: PackedProgram, params, batches: list, batch_size: int) -> list[dict]:
-    """Per run: ``loss`` (mean nats per predicted token) and ``accuracy`` over the fixed validation
-    ``batches``, which every run of the shape shares; as ``program.evaluate_metrics`` for each run alone."""
-    total = count = correct = np.zeros(packed.size)
-    for index, local in enumerate(batches):
-        batch = mesh_lib.global_batch(local, packed.mesh, batch_size)
-        loss_sum, tokens, right = packed.eval_step(params, batch, jax.random.PRNGKey(10_000 + index))
-        total, count, correct = total + np.asarray(loss_sum), count + np.asarray(tokens), correct + np.asarray(right)
-    return [{"loss": float(total[i] / max(count[i], 1.0)), "accuracy": float(correct[i] / max(count[i], 1.0))}
-            for i in range(packed.size)]

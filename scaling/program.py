@@ -3,9 +3,10 @@
 ``build`` returns the model, the state's shardings on a mesh, and the jitted
 init / train / eval functions. The init is jitted with output shardings, so
 parameters are created already sharded and never whole on one host.
-``scaling.train`` runs these functions; ``benchmarks/``, tests and the TPU
+The training loop runs these functions (through ``scaling.run_program``, the
+interface of a run alone and of a pack); ``benchmarks/``, tests and the TPU
 preflight (``sweeps/preflight/``) compile exactly them ahead of time, all
-through ``lower_train_step``.
+through ``run_program.lower_train_step``.
 
 A run's numbers (``hyperparameters``: the seed's key, the peak learning rates,
 the schedule's lengths, weight decay) are an argument of the train step, not
@@ -142,29 +143,17 @@ def forget_programs() -> None:
     _build.cache_clear()
 
 
-def lower_train_step(config: TrainConfig, mesh, arguments: dict | None = None) -> tuple[Program, jax.stages.Lowered]:
-    """``config``'s program on ``mesh`` and its train step lowered ahead of time: ``(program, lowered)``.
-
-    The one ahead-of-time entry point: nothing is allocated and no data is
-    read (the state, batch and hyperparameters are abstract shapes), and
-    ``mesh`` may be made of compile-only devices (a TPU slice described by
-    libtpu). ``lowered.compile()`` compiles it; ``lowered.as_text()`` is the
-    StableHLO. ``arguments`` are ``build``'s data keywords; by default those
-    the trainer passes for the config (``scaling.data.program_arguments`` at
-    the config's vocabulary), so what is lowered is the program the run trains.
-    """
-    if arguments is None:
-        arguments = data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
-    program = build(config, mesh, **arguments)
-    return program, program.train_step.lower(program.abstract_state, batch_spec(config, mesh),
-                                             program.abstract_hparams)
+def arguments_of(config: TrainConfig) -> dict:
+    """The keyword arguments ``build`` takes from the data for the resolved ``config`` (its vocabulary is the
+    tokenizer's): the one place they are derived (``data.program_arguments``), so the trainer, the preflight
+    and a trained run read back build the same program."""
+    return data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
 
 
-# A sweep trains the runs of one shape one after another (cheapest first), so a few programs suffice.
-@functools.lru_cache(maxsize=4)
-def _build(shape: ProgramShape, mesh) -> Program:
-    model = Transformer(shape.model, multipliers=shape.multipliers)
-    # Any run's numbers will do where only their shapes count (the optimizer state's structure, AOT specs).
+def initial_state_function(shape: ProgramShape, model: Transformer) -> Callable:
+    """The unjitted ``key -> state`` of one run of ``shape`` (parameters still boxed with their logical axes):
+    step 0, the initial parameters and the optimizer's state. The solo init and the packed one both use it."""
+    # Any run's numbers will do where only their shapes count (the optimizer state's structure).
     template = {"key": np.asarray(jax.random.PRNGKey(0)), **optim_lib.hyperparameters(shape.optim, shape.model, 1)}
     sample = jnp.zeros((1, shape.seq_len), jnp.int32)
 
@@ -173,6 +162,16 @@ def _build(shape: ProgramShape, mesh) -> Program:
         tx = optim_lib.make_optimizer(shape.optim, shape.grouped, template)
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
+    return boxed_state
+
+
+# A sweep trains the runs of one shape one after another (cheapest first), so a few programs suffice.
+@functools.lru_cache(maxsize=4)
+def _build(shape: ProgramShape, mesh) -> Program:
+    model = Transformer(shape.model, multipliers=shape.multipliers)
+    # Any run's numbers will do where only their shapes count (the hyperparameters' AOT specs).
+    template = {"key": np.asarray(jax.random.PRNGKey(0)), **optim_lib.hyperparameters(shape.optim, shape.model, 1)}
+    boxed_state = initial_state_function(shape, model)
     abstract_boxed = jax.eval_shape(boxed_state, jax.random.PRNGKey(0))
     abstract = nn.unbox(abstract_boxed)
     state_shardings = mesh_lib.tree_shardings(nn.get_partition_spec(abstract_boxed), abstract, mesh, shape.rules)
@@ -243,15 +242,24 @@ def _eval_step(shape: ProgramShape, model: Transformer) -> Callable:
     return eval_step
 
 
-def evaluate_metrics(program: Program, params, batches: list, batch_size: int) -> dict:
-    """``loss``: mean nats per predicted token; ``accuracy``: fraction of predictions correct
-    (meaningful for classification tasks, whose eval step counts correct labels; 0 otherwise)."""
-    total, count, correct = 0.0, 0.0, 0.0
+def evaluate(eval_step: Callable, mesh, params, batches: list, batch_size: int) -> list[dict]:
+    """The one evaluator, for a run alone and for a pack: per run, ``loss`` (mean nats per predicted token)
+    and ``accuracy`` (fraction of predictions correct: meaningful for classification tasks, whose eval step
+    counts correct labels; 0 otherwise) over ``batches`` (this process's rows of each). ``eval_step`` is a
+    ``Program``'s or a ``PackedProgram``'s: its outputs are scalars for one run, [k] for a pack."""
+    total = count = correct = 0.0
     for index, local in enumerate(batches):
-        batch = mesh_lib.global_batch(local, program.mesh, batch_size)
+        batch = mesh_lib.global_batch(local, mesh, batch_size)
         # A fixed key per batch: every run masks the validation set identically.
-        loss_sum, tokens, right = program.eval_step(params, batch, jax.random.PRNGKey(10_000 + index))
-        total += float(loss_sum)
-        count += float(tokens)
-        correct += float(right)
-    return {"loss": total / max(count, 1.0), "accuracy": correct / max(count, 1.0)}
+        loss_sum, tokens, right = eval_step(params, batch, jax.random.PRNGKey(10_000 + index))
+        total = total + np.atleast_1d(np.asarray(loss_sum, np.float64))
+        count = count + np.atleast_1d(np.asarray(tokens, np.float64))
+        correct = correct + np.atleast_1d(np.asarray(right, np.float64))
+    total, count, correct = (np.atleast_1d(np.asarray(value, np.float64)) for value in (total, count, correct))
+    return [{"loss": float(t / max(c, 1.0)), "accuracy": float(r / max(c, 1.0))}
+            for t, c, r in zip(total, count, correct)]
+
+
+def evaluate_metrics(program: Program, params, batches: list, batch_size: int) -> dict:
+    """``evaluate`` of one run's ``program``: its ``loss`` and ``accuracy``."""
+    return evaluate(program.eval_step, program.mesh, params, batches, batch_size)[0]

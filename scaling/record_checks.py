@@ -63,7 +63,8 @@ def logged_final_eval_loss(run_dir, step: int) -> float | None:
 
 def metrics_problem(record: records.RunRecord, run_dir) -> str | None:
     """Why a finished record's ``final_eval_loss`` is not the metrics log's, or None if it agrees
-    (or the log has no evaluation at the record's last step to compare with)."""
+    (or the log has no evaluation at the record's last step to compare with; ``unlogged_problem`` says
+    when there is no log at all)."""
     if record.status != "finished" or record.final_eval_loss is None:
         return None
     logged = logged_final_eval_loss(run_dir, record.steps)
@@ -73,15 +74,23 @@ def metrics_problem(record: records.RunRecord, run_dir) -> str | None:
             f"at step {record.steps} (edited by hand?)")
 
 
+def unlogged_problem(record: records.RunRecord, run_dir) -> str | None:
+    """Why a finished record cannot be checked at all: its run directory holds no metrics log (a finished
+    run always writes its log before its record, so the log was deleted); else None."""
+    if record.status != "finished" or record.final_eval_loss is None or MetricsLog(run_dir).parts():
+        return None
+    return f"final_eval_loss={record.final_eval_loss!r} has no metrics log to agree with (deleted?)"
+
+
 def read_checked_record(run_dir, run_id: str) -> records.RunRecord | None:
     """``records.read_record(run_dir)``, also raising ``records.RecordError`` (naming the file) when the record is
-    not run ``run_id``'s or its final eval loss is not the metrics log's."""
+    not run ``run_id``'s, its final eval loss is not the metrics log's, or there is no metrics log to say."""
     record = records.read_record(run_dir)
     if record is None:
         return None
     problem = run_id_problem(record, run_id)
     try:
-        problem = problem or metrics_problem(record, run_dir)
+        problem = problem or metrics_problem(record, run_dir) or unlogged_problem(record, run_dir)
     except OSError:  # the log cannot be read now: nothing to judge by, not a reason to train again
         pass
     if problem:

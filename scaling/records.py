@@ -108,9 +108,16 @@ class RunRecord:
     wall_seconds: float = 0.0
     train_seconds: float | None = None
     mfu: float | None = None
-    # Runs trained together as one program with this one, itself included (``scaling.pack_train``; 1: alone).
+    # Runs trained together as one program with this one, itself included (``scaling.train.run_pack``; 1: alone).
     # A packed run's ``mfu`` and tokens per second are its own tokens over the pack's time: its share.
     pack_size: int = 1
+    # [[first step, pack size], ...]: the pack size each segment of a resumed run trained in (None in records
+    # written before the field). A run that resumes in a pack of another size follows its uninterrupted
+    # course to float32 rounding only (the batched step sums in another order).
+    pack_segments: list | None = None
+    # Final losses (nats per token) of the evaluations registered on other data (``scaling.loop.Evaluation``),
+    # by name; None without any. Their rows are ``NAME/eval_loss`` in the metrics log.
+    final_evaluations: dict | None = None
     # What the preflight expected of it (``sweeps.preflight.estimate_store``), beside the measured ``mfu``.
     estimated_step_seconds: float | None = None
     estimated_mfu: float | None = None

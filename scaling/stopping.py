@@ -1,7 +1,7 @@
 """Stopping a run early: preemption (SIGTERM), Ctrl-C, and a lease taken over by another process.
 
 - ``Stop``: the one object a run asks, between steps, whether to stop. It
-  listens for SIGTERM and SIGINT, watches the run's lease, and with several
+  listens for SIGTERM and SIGINT, and with several
   processes makes them agree (``StopCheck``). One ``Stop`` can serve many
   runs: the sweep launcher listens with one for the whole sweep and hands it
   to every run, so a signal is never lost between or at the end of runs.
@@ -48,7 +48,8 @@ class LeaseLost(Exception):
 
 
 class Stop:
-    """Whether to stop, asked at step boundaries: a signal, a lost lease, agreed by every process.
+    """Whether to stop, asked at step boundaries: a signal, agreed by every process. (A run's lease is its
+    own: ``scaling.member.Member.check_lease``.)
 
     - ``listening()``: while inside, SIGTERM and SIGINT (Ctrl-C) set ``signal``
       (their name); a second Ctrl-C ends the process at once (status 130),
@@ -57,8 +58,6 @@ class Stop:
       runs out, the process ends at once with ``PREEMPTED_EXIT_CODE``.
       Nested ``listening`` blocks install the handlers once. Outside the
       main thread, where Python cannot install handlers, nothing is listened for.
-    - ``watching(lease)``: ``check_lease`` raises ``LeaseLost`` once the
-      lease (``scaling.lease.Lease``, or None) is taken over.
     - ``agreed(step)``: whether to stop after ``step``, the same answer on
       every process, with a transfer between them only on check steps
       (``StopCheck``); ``start(step)`` begins a run segment's schedule.
@@ -66,7 +65,6 @@ class Stop:
 
     def __init__(self):
         self.signal: str | None = None  # "SIGTERM" or "SIGINT" once one arrived
-        self.lease = None
         self._check = StopCheck(0)
         self._listeners = 0
         self._deadline: threading.Timer | None = None  # ends the process once the grace period is over
@@ -120,26 +118,6 @@ class Stop:
         self._deadline.daemon = True
         self._deadline.start()
 
-    @contextlib.contextmanager
-    def watching(self, lease):
-        """Watch ``lease`` (or nothing, if None) while inside."""
-        self.lease = lease
-        try:
-            yield self
-        finally:
-            self.lease = None
-
-    @property
-    def lease_lost(self) -> bool:
-        """True once the watched lease's heartbeat found it taken over."""
-        return self.lease is not None and self.lease.lost
-
-    def check_lease(self, *, read_now: bool = False) -> None:
-        """``LeaseLost`` if the run's lease was taken over: from the heartbeat's flag (free, every step),
-        and with ``read_now`` from the lease itself (before a checkpoint or the record is written)."""
-        if self.lease is not None and (self.lease.lost or (read_now and not self.lease.still_held())):
-            raise LeaseLost("another process took over this run's lease; stopped without writing to it")
-
     def start(self, step: int) -> None:
         """Begin the check schedule of a run segment whose first step is ``step``."""
         self._check = StopCheck(step)
@@ -157,20 +135,6 @@ class Stop:
     def preempted(self, when: str) -> Preempted:
         """The ``Preempted`` to raise: ``"stopped by SIGTERM <when>"``."""
         return Preempted(f"stopped by {self.signal or 'SIGTERM'} {when}")
-
-
-class MemberStop:
-    """One ``Stop`` as one run of a pack (``scaling.pack_train``) sees it: the shared signal and check
-    schedule, and a lease of its own, so that a lease taken over ends that run alone."""
-
-    def __init__(self, shared: Stop, lease):
-        self.shared, self.lease = shared, lease
-
-    def __getattr__(self, name):  # everything but the lease is the shared stop's
-        return getattr(self.shared, name)
-
-    lease_lost = Stop.lease_lost
-    check_lease = Stop.check_lease
 
 
 class StopCheck:

@@ -15,6 +15,7 @@ import os
 import pathlib
 import sys
 import time
+from typing import Callable
 
 from etils import epath
 
@@ -72,8 +73,11 @@ class Tracker:
     def __init__(self, run_dir, *, total_steps: int, start_step: int, config: dict, name: str,
                  group: str = "", project: str = "depth-width-scaling", mode: str = "auto",
                  wandb_id: str | None = None, is_main_process: bool = True, show_progress: bool = True,
-                 keep_until_step: int | None = None):
+                 keep_until_step: int | None = None, may_write: Callable[[], bool] | None = None):
         self.run_dir = epath.Path(run_dir)
+        # Read before each write of rows: False once another process owns the run (its lease taken over),
+        # and the rows are dropped, so a process paused past its lease never writes into the new holder's log.
+        self._may_write = may_write or (lambda: True)
         self.is_main = is_main_process
         self._log = MetricsLog(self.run_dir)
         self._rows: dict[int, dict] = {}  # step -> merged metrics not yet written
@@ -144,11 +148,12 @@ class Tracker:
         steps = sorted(s for s in self._rows if through_step is None or s <= through_step)
         rows = [{"step": s, **{k: _json_value(v) for k, v in self._rows.pop(s).items()}} for s in steps]
         if self._writer is None:
-            self._log.append(rows)
+            if rows and self._may_write():
+                self._log.append(rows)
             return
         if rows:
             self._writer.submit(f"metrics rows of steps {steps[0]}-{steps[-1]} in {self.run_dir}",
-                                lambda: self._log.append(rows))
+                                lambda: self._log.append(rows) if self._may_write() else None)
         if wait:
             self._writer.wait(wait_seconds())
 
@@ -198,7 +203,7 @@ def open_wandb_run(directory, *, mode: str, **fields):
         return None
     import wandb
 
-    # create_new: the runs of a pack (scaling.pack_train) are open at once, each its own wandb run.
+    # create_new: the runs of a pack (scaling.train.run_pack) are open at once, each its own wandb run.
     return _init_wandb(dict(resume="allow", mode=mode, dir=None if is_remote(directory) else str(directory),
                             reinit="create_new", settings=wandb.Settings(silent=True, console="off"), **fields))
 

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 
 import jax
 
-from scaling import checkpoints, lease, pack_train, progress, records, rundir, train
+from scaling import checkpoints, lease, progress, records, rundir, train
 from scaling.cli import fmt
 from scaling.ending import ResumesElsewhere
 from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
@@ -97,7 +97,7 @@ class RunLoop:
 
     def train_packs(self, packs: list[Pack], desc: str) -> int | None:
         """Train ``packs`` (``sweeps.packing.plan_packs``) in order, each as one program
-        (``scaling.pack_train``; a pack of one alone), then as ``train`` does. A run that left its pack to
+        (``scaling.train.run_pack``; a pack of one alone), then as ``train`` does. A run that left its pack to
         resume at its own step trains alone right after it."""
         return self._train_groups([list(pack.runs) for pack in packs], desc)
 
@@ -153,7 +153,7 @@ class RunLoop:
         arguments = [self.train_arguments(run) for run in pack]
         names = ", ".join(run.name for run in pack)
         self.say(f"pack of {len(pack)} runs as one program: {names}")
-        outcomes = pack_train.run_pack([run.config for run in pack], [run.run_dir(self.workdir) for run in pack],
+        outcomes = train.run_pack([run.config for run in pack], [run.run_dir(self.workdir) for run in pack],
                                        show_progress=self.show_progress, stop=self.stop,
                                        estimates=[a.get("estimate") for a in arguments])
         results = []

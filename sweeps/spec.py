@@ -205,7 +205,7 @@ class Sweep:
     - ``expected_mfu``: optional (low, high) model FLOP utilisation, as fractions
       of ``base.peak_flops``, that ``dry-run`` quotes its time at (both ends)
       before any run of the sweep has finished, instead of the launcher's guess.
-    - ``pack``: the most runs of one shape (equal ``scaling.pack_train.pack_key``;
+    - ``pack``: the most runs of one shape (equal ``scaling.run_program.pack_key``;
       they differ only in seed and learning-rate numbers) that ``run`` trains
       together as one compiled program (``sweeps.packing``); 1, the default,
       trains every run alone. ``--pack`` overrides it for one launch.

@@ -1,5 +1,5 @@
 """The TPU cost model is a package of its own (``sweeps/preflight/``) with a public face, and the train
-step is lowered ahead of time in one place (``scaling.program.lower_train_step``)."""
+step is lowered ahead of time in one place (``scaling.run_program.lower_train_step``)."""
 
 import ast
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 
 import tiny
 from helpers import REPO
-from scaling import data, program as program_lib, train
+from scaling import data, program as program_lib, run_program, train
 from scaling.config import DataConfig, ModelConfig, TrainConfig
 from sweeps import preflight
 COST_PACKAGE = "sweeps.preflight"
@@ -112,9 +112,10 @@ PARITY = TrainConfig(model=ModelConfig(depth=1, width=16, head_dim=16, max_seq_l
 def test_the_lowered_step_is_the_program_the_trainer_builds(config):
     pipeline = data.build(config.data)
     resolved = train.resolve_config(config, pipeline)
-    trained = train._program_for(resolved, pipeline, tiny.one_device())
-    program, lowered = program_lib.lower_train_step(resolved, trained.mesh)
-    assert program is trained  # the same shape on the same mesh: the very program, built once
+    trained = run_program.build([resolved], tiny.one_device())
+    program, lowered = run_program.lower_train_step(resolved, trained.mesh)
+    program = program.solo
+    assert program is trained.solo  # the same shape on the same mesh: the very program, built once
     assert program.shape == preflight.program_key(resolved)[0]
     if config is PARITY:
         assert program.shape.label_ids == tuple(pipeline.LABEL_TOKENS)  # the two-logit loss

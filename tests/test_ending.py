@@ -6,7 +6,7 @@ import json
 import pytest
 
 import tiny
-from scaling import budget, lease as lease_lib, member as member_lib, records, rundir, train
+from scaling import budget, lease as lease_lib, member as member_lib, program as program_lib, records, rundir, train
 from scaling.checkpoints import CheckpointError, WriteAbandoned
 from scaling.config import DataConfig, config_id, to_dict
 from scaling.ending import REFUSED, AlreadyFinished, Ending, ResumesElsewhere, as_raised, ending
@@ -46,22 +46,18 @@ def test_a_run_that_trained_to_its_end_exits_by_its_status():
 
 
 def test_what_an_error_means_once_the_lease_is_lost_or_a_stop_gave_up_a_write():
-    class LostLease:
-        lost = True
-
     stop = Stop()
     error = RuntimeError("disk gone")
-    assert as_raised(error, stop) is error
+    assert as_raised(error, stop, False) is error
     stopped = as_raised(WriteAbandoned("checkpoint of step 4 in /x: abandoned after a stop request", stopped=True),
-                        stop)
+                        stop, False)
     assert isinstance(stopped, Preempted) and ending(stopped).status == "stopped"
     assert str(stopped).startswith("stopped by SIGTERM while waiting for a write that storage did not finish")
     deadline = WriteAbandoned("not finished after 5 s", stopped=False)
-    assert as_raised(deadline, stop) is deadline  # storage that never answered: the run failed
-    with stop.watching(LostLease()):
-        for error in (RuntimeError("disk gone"), Preempted("stopped by SIGTERM"), CheckpointError("refused")):
-            lost = as_raised(error, stop)
-            assert isinstance(lost, LeaseLost) and ending(lost) == Ending(None, 1, 2)
+    assert as_raised(deadline, stop, False) is deadline  # storage that never answered: the run failed
+    for error in (RuntimeError("disk gone"), Preempted("stopped by SIGTERM"), CheckpointError("refused")):
+        lost = as_raised(error, stop, True)
+        assert isinstance(lost, LeaseLost) and ending(lost) == Ending(None, 1, 2)
 
 
 def _tracker_exit_codes(monkeypatch) -> list:
@@ -109,7 +105,7 @@ def test_an_error_after_the_lease_was_lost_ends_the_run_as_lease_lost_everywhere
         raise RuntimeError("disk gone")
 
     monkeypatch.setattr(lease_lib.Lease, "acquire", acquire)
-    monkeypatch.setattr(train, "evaluate_metrics", lose_the_lease_then_fail)
+    monkeypatch.setattr(program_lib, "evaluate", lose_the_lease_then_fail)
     tiny.on_one_device(monkeypatch)
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(to_dict(tiny.config(steps=2, checkpoint_every=2))))

@@ -3,7 +3,7 @@ one job, and activations are sharded (logical names on activations, mapped throu
 
 Runs on the 8 fake CPU devices of ``conftest.py``. The collective bytes are
 read from the compiled CPU program with ``sweeps.preflight.collective_traffic``; programs are lowered ahead
-of time by ``scaling.program.lower_train_step``, as the preflight and the benchmarks lower them.
+of time by ``scaling.run_program.lower_train_step``, as the preflight and the benchmarks lower them.
 """
 
 import contextlib
@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec
 
 import helpers
 import tiny
-from scaling import mesh as mesh_lib, program as program_lib, train
+from scaling import mesh as mesh_lib, program as program_lib, run_program, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
 from scaling.model import RESIDUAL
 from sweeps.preflight import collective_traffic
@@ -118,7 +118,7 @@ def test_constraints_leave_a_one_device_program_unchanged(eight_devices, monkeyp
     mesh = mesh_lib.make_mesh(config.mesh, eight_devices[:1])
 
     def lowered():
-        return program_lib.lower_train_step(config, mesh)[1].as_text()
+        return run_program.lower_train_step(config, mesh)[1].as_text()
 
     with_rules = lowered()
     with constraints_off(monkeypatch):
@@ -126,7 +126,7 @@ def test_constraints_leave_a_one_device_program_unchanged(eight_devices, monkeyp
 
 
 def _traffic(config, mesh):
-    _, lowered = program_lib.lower_train_step(config, mesh)
+    _, lowered = run_program.lower_train_step(config, mesh)
     return collective_traffic(lowered.compile().as_text(), mesh.devices.size)
 
 

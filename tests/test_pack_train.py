@@ -1,4 +1,4 @@
-"""Packs of runs trained together (scaling/pack_train.py): each run keeps a solo run's record, metrics,
+"""Packs of runs trained together (scaling/train.py, scaling/loop.py): each run keeps a solo run's record, metrics,
 checkpoints and end, and follows the run trained alone.
 
 Tolerance. A packed run's losses equal its solo run's to a relative 1e-5 over the 8 steps, not
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling import pack_train, records
+from scaling import loop, records, train as pack_train
 from scaling.ending import AlreadyFinished, ResumesElsewhere
 from scaling.stopping import Preempted, Stop
 
@@ -87,14 +87,14 @@ def test_a_diverging_run_is_recorded_at_once_and_the_others_go_on(solo, tmp_path
 
 def _stop_after(monkeypatch, stop: Stop, step: int) -> None:
     """SIGTERM, as the loop sees it, once ``step`` steps are done."""
-    real = pack_train.PackTraining.between_steps
+    real = loop.Training.between_steps
 
     def between_steps(self, done):
         if done == step:
             stop.signal = "SIGTERM"
         return real(self, done)
 
-    monkeypatch.setattr(pack_train.PackTraining, "between_steps", between_steps)
+    monkeypatch.setattr(loop.Training, "between_steps", between_steps)
 
 
 def test_a_stop_checkpoints_every_run_and_the_pack_resumes_exactly(tmp_path, monkeypatch):

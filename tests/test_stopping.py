@@ -20,7 +20,7 @@ import pytest
 
 import helpers
 import tiny
-from scaling import records, train
+from scaling import program as program_lib, records, train
 from scaling.stopping import PREEMPTED_EXIT_CODE, Stop
 from sweeps import launch
 
@@ -151,7 +151,7 @@ def test_sigterm_at_the_end_of_a_run_stops_the_launcher_before_the_next_run(tmp_
         return wrapped
 
     if moment == "final evaluation":
-        monkeypatch.setattr(train, "evaluate_metrics", sigterm_first(train.evaluate_metrics))
+        monkeypatch.setattr(program_lib, "evaluate", sigterm_first(program_lib.evaluate))
     else:
         monkeypatch.setattr(records, "write_record", sigterm_first(records.write_record))
     sweep_file = tmp_path / "two.py"

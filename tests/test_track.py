@@ -52,7 +52,7 @@ def test_wandb_offline_run_holds_the_loss_history(tmp_path):
 
 def test_each_run_of_a_pack_has_its_own_offline_wandb_run_with_its_losses(tmp_path):
     # The runs of a pack are open at once in one process: each its own wandb run (reinit="create_new").
-    from scaling import pack_train
+    from scaling import train as pack_train
 
     configs = [tiny.config(seed=seed, name=f"s{seed}", log_every=2, wandb_mode="offline") for seed in (0, 1)]
     outcomes = pack_train.run_pack(configs, [tmp_path / "a", tmp_path / "b"], devices=tiny.one_device(),

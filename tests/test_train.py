@@ -82,7 +82,8 @@ def test_rerun_of_a_finished_run_does_nothing(tmp_path, tiny_reference):
 ])
 def test_bad_config_fails_before_compiling(tmp_path, eight_devices, changes, field, monkeypatch):
     compiled = []
-    monkeypatch.setattr(train, "build", lambda *a, **k: compiled.append(1))
+    from scaling import program as program_lib
+    monkeypatch.setattr(program_lib, "build", lambda *a, **k: compiled.append(1))
     devices = eight_devices[:4]
     with pytest.raises(ValueError, match=field):
         train.run(tiny.config(**changes), tmp_path / "run", show_progress=False, devices=devices)

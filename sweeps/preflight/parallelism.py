@@ -11,7 +11,7 @@ A run can use the chips the preflight checks it on (``topology.checked_topology`
   within): no collective between the runs.
 
 Each mode's train step is compiled ahead of time for the slice (the packed one by
-``scaling.packed.lower_packed_train_step``) and priced as any preflight row is (``report.cost_fields``): by the
+``scaling.run_program.lower_train_step``) and priced as any preflight row is (``report.cost_fields``): by the
 corrected roofline and by the compiler's own cycle estimate. Modes compare in chip-time: a solo mode holds every
 chip for one run's step, a pack holds them for ``pack_size`` runs' steps, so a run's cost per step is the step's
 seconds divided by the runs it trains (``run_roofline_seconds``, ``run_compiler_seconds``): seconds per step as
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from scaling import mesh as mesh_lib, packed as packed_lib
+from scaling import mesh as mesh_lib, run_program
 from scaling.config import MeshConfig, TrainConfig
 from scaling.rundir import one_line
 from sweeps.preflight import compile_cache, report
@@ -114,7 +114,8 @@ def _packed_row(config: TrainConfig, mode: Mode, topology: Topology, devices: li
     """Memory and cost fields of a pack of ``mode.pack_size`` runs of ``config``'s shape, one per group of chips."""
     try:
         mesh = mesh_lib.make_packed_mesh(mode.mesh(config.mesh), runs=mode.pack_size, devices=devices)
-        _, lowered = packed_lib.lower_packed_train_step(config, mesh, mode.pack_size, report.program_arguments(config))
+        _, lowered = run_program.lower_train_step(config, mesh, size=mode.pack_size,
+                                                  arguments=report.program_arguments(config))
         compiled = cache.compile(lowered, topology.name, report.is_out_of_memory)
     except Exception as error:  # noqa: BLE001 - a mode the slice cannot take (out of memory included) is no choice
         return {"fits": False, "error": one_line(error)}

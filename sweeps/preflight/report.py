@@ -8,7 +8,7 @@ Needs the TPU compiler: ``pip install -e ".[tpu]"`` (libtpu). No TPU is
 needed: libtpu describes any slice (``v5e:2x2``, ``v5e:16x16``, ``v4:2x2x4``,
 ``v5p:2x2x2``, ``v6e:4x4``, ...) as compile-only devices, and for each run we
 build its mesh on them and compile exactly the sharded train step the trainer
-runs (``scaling.program.lower_train_step``). Nothing is allocated and no data is read; the
+runs (``scaling.run_program.lower_train_step``). Nothing is allocated and no data is read; the
 model's vocabulary is ``config.model.vocab_size`` as given. The mesh is the
 one the run will get: on a multi-host slice, one host's 2x2 chips (the
 launcher's default, host-parallel), the whole slice with ``--pod-wide``.
@@ -89,7 +89,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from scaling import budget, data as data_lib, mesh as mesh_lib, program as program_lib
+from scaling import budget, mesh as mesh_lib, program as program_lib, run_program
 from scaling.config import TrainConfig
 from scaling.flops import model_flops_utilization
 from scaling.hardware import GIB, Accelerator
@@ -141,7 +141,7 @@ def is_out_of_memory(error: Exception) -> bool:
 
 def program_arguments(config: TrainConfig) -> dict:
     """``program.build``'s data arguments for ``config``, from the one function the trainer uses too."""
-    return data_lib.program_arguments(config.data, config.model.objective, config.model.vocab_size)
+    return program_lib.arguments_of(config)
 
 
 def program_key(config: TrainConfig) -> tuple:
@@ -195,7 +195,8 @@ def _check_one(name: str, config: TrainConfig, topology: Topology, devices: list
         mesh = mesh_lib.make_mesh(config.mesh, devices)
         hosts = len({device.process_index for device in devices})
         mesh_lib.check_batch(mesh, config.batch_size, process_count=hosts)
-        program, lowered = program_lib.lower_train_step(config, mesh, program_arguments(config))
+        program, lowered = run_program.lower_train_step(config, mesh, arguments=program_arguments(config))
+        program = program.solo
     except Exception as error:  # noqa: BLE001 - e.g. a mesh or batch the slice cannot take: a FAIL row
         row["error"] = one_line(error)
         return row
