@@ -20,6 +20,7 @@ the reader merges the two, the one written later winning field by field.
 from __future__ import annotations
 
 import json
+import os
 
 from etils import epath
 
@@ -101,7 +102,7 @@ class MetricsLog:
             text = "".join(line + "\n" for line, _ in kept)
             if part == self.file and not self.remote:
                 # A fresh start (``first_step`` None) empties the file: no row of the old start survives.
-                if len(kept) != len(rows) or (first_step is None and part.stat().st_size > 0):
+                if len(kept) != len(rows) or (first_step is None and os.path.getsize(str(part)) > 0):
                     write_atomic(part, text)
             elif not kept:
                 part.unlink()

@@ -44,6 +44,8 @@ def write_record(run, workdir, status="finished", loss=3.0, **fields):
         **fields)
     run_dir = Path(str(run.run_dir(workdir)))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if status == "finished":  # a finished run's metrics log holds its final loss (scaling.record_checks)
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": record.steps, "eval_loss": loss}) + "\n")
     records.write_record(run_dir, record)
     return record
 

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 import tiny
-from scaling import budget, data, program as program_lib, records, train
+from scaling import budget, data, program as program_lib, records, run_program, train
 from scaling.config import DataConfig, ModelConfig, TrainConfig
 from scaling.corpus import builtin_documents
 from scaling.tokenizer import train_bpe
@@ -26,7 +26,7 @@ MASKED = dataclasses.replace(CAUSAL, model=dataclasses.replace(CAUSAL.model, obj
 def test_trainer_and_preflight_build_the_same_program(config):
     pipeline = data.build(config.data)
     resolved = train.resolve_config(config, pipeline)
-    trained = train._program_for(resolved, pipeline, tiny.one_device())
+    trained = run_program.build([resolved], tiny.one_device()).solo
     priced_shape, _ = preflight.program_key(resolved)
     assert trained.shape == priced_shape
     if config is PARITY:

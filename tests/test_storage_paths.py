@@ -172,6 +172,7 @@ def test_launcher_status_reads_run_records_from_gs(gcs, capsys):
     done = runs[0].run_dir(f"{gcs}/runs")
     done.mkdir(parents=True)
     model = runs[0].config.model
+    (done / "metrics.jsonl").write_text('{"step": 0, "eval_loss": 2.0}\n')  # a finished run's log holds its loss
     records.write_record(done, records.RunRecord(
         run_id=runs[0].run_id, status="finished", depth=model.depth, width=model.width, seed=0,
         params_non_embedding=12 * model.depth * model.width ** 2, name=runs[0].name, final_eval_loss=2.0,
