@@ -31,8 +31,8 @@ from etils import epath
 
 from scaling import data, mesh as mesh_lib
 from scaling.config import CLASSIFICATION_SOURCES, MeshConfig, TrainConfig, from_dict, override
-from scaling.program import Program, build
-from scaling.rundir import absolute_path, one_line
+from scaling.program import Program, arguments_of, build
+from scaling.rundir import absolute_path, checkpoint_steps, one_line
 from scaling.token_cache import SPECIAL_TOKENS
 
 # Config fields a user may change when reading a run back: the data it is evaluated on, the batch, the mesh.
@@ -143,7 +143,7 @@ def load_run(run_dir, *, overrides: tuple[str, ...] = (), devices=None, batch_si
     run_dir = absolute_path(run_dir)
     config = apply_overrides(read_config(run_dir), list(overrides))
     checkpoints = run_dir / "checkpoints"
-    steps = _checkpoint_steps(checkpoints)
+    steps = sorted(checkpoint_steps(run_dir), reverse=True)
     if not steps:
         raise RunDirError(f"{run_dir}: no checkpoints yet ({checkpoints} holds none); train the run first, "
                           "e.g. python -m scaling.train --config " + str(run_dir / "config.json")
@@ -159,22 +159,12 @@ def load_run(run_dir, *, overrides: tuple[str, ...] = (), devices=None, batch_si
     rows = -(-batch_size // shards) * shards
     config = dataclasses.replace(config, batch_size=rows, microbatches=1,
                                  model=dataclasses.replace(config.model, vocab_size=vocab))
-    # As the trainer builds it: classification tasks read their label from two logits; masked LMs mask.
-    label_ids = data.BIT_TOKENS if config.data.source in CLASSIFICATION_SOURCES else None
-    masked = config.model.objective == "masked" and label_ids is None
-    program = build(config, mesh, mask_id=mask_id if masked else None, random_token_limit=vocab,
-                    label_ids=label_ids)
+    # As the trainer builds it (program.arguments_of): classification tasks read their label from two
+    # logits; masked LMs mask.
+    program = build(config, mesh, **arguments_of(config))
     step, params = _restore_newest(checkpoints, steps, program)
     return TrainedRun(run_dir, config, program, params, step, tokenizer, eos_id, pad_id, mask_id, cls_id,
                       batch_size)
-
-
-def _checkpoint_steps(directory: epath.Path) -> list[int]:
-    """Steps with a finished checkpoint (orbax writes ``commit_success.txt`` last), newest first."""
-    if not directory.is_dir():
-        return []
-    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists()]
-    return sorted(steps, reverse=True)
 
 
 @contextlib.contextmanager

@@ -89,3 +89,27 @@ def log_failure(run_dir: epath.Path, error: BaseException) -> str | None:
         return path.name
     except Exception:  # noqa: BLE001 - the record must still be written
         return None
+
+
+# orbax's mark of a complete step on object stores (orbax.checkpoint's atomicity.COMMIT_SUCCESS_FILE, which
+# scaling.leased_commit also writes last); named here so that reading a run imports no orbax.
+COMMIT_FILE = "commit_success.txt"
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """The steps of the committed checkpoints in ``<run_dir>/checkpoints/`` (local or gs://), ascending.
+
+    A step is committed as orbax (and ``scaling.leased_commit``) commits it:
+    on a local disk its folder ``<step>`` exists (it is written as
+    ``<step>.orbax-checkpoint-tmp-...`` and renamed), on an object store the
+    folder ``<step>`` also holds ``commit_success.txt`` (written last). Steps
+    still in ``checkpoints-pending/`` are not the run's. Imports neither JAX
+    nor orbax; ``OSError`` if the listing fails.
+    """
+    checkpoints = epath.Path(run_dir) / "checkpoints"
+    if not checkpoints.exists():
+        return []
+    folders = [p for p in checkpoints.iterdir() if p.name.isdigit()]
+    if is_remote(str(checkpoints)):
+        folders = [p for p in folders if (p / COMMIT_FILE).exists()]
+    return sorted(int(p.name) for p in folders)

@@ -12,11 +12,9 @@ import os
 import textwrap
 
 from scaling.cli import fmt, text_table
+from scaling.rundir import COMMIT_FILE, checkpoint_steps  # noqa: F401 - COMMIT_FILE: read by the tests
 from sweeps.spec import RunSpec, Sweep
 
-# orbax's mark of a complete step on object stores (orbax.checkpoint's atomicity.COMMIT_SUCCESS_FILE, which
-# scaling.leased_commit also writes last); named here so that reading a run imports no orbax.
-COMMIT_FILE = "commit_success.txt"
 
 STATUSES = ("pending", "resumable", "unreadable", "failed", "diverged", "finished")
 TO_TRAIN = ("pending", "resumable", "unreadable", "failed")
@@ -35,29 +33,6 @@ class RunState(collections.namedtuple("RunState", "spec status checkpoint_step r
                 "checkpoint_step": self.checkpoint_step, "final_eval_loss": record.get("final_eval_loss"),
                 "train_seconds": record.get("train_seconds"), "wall_seconds": record.get("wall_seconds"),
                 **{key: record.get(key) for key in ("mfu", "estimated_step_seconds", "estimated_mfu")}}
-
-
-def checkpoint_steps(run_dir) -> list[int]:
-    """The steps of the committed checkpoints in ``<run_dir>/checkpoints/`` (local or gs://), ascending.
-
-    A step is committed as orbax (and ``scaling.leased_commit``) commits it:
-    on a local disk its folder ``<step>`` exists (it is written as
-    ``<step>.orbax-checkpoint-tmp-...`` and renamed), on an object store the
-    folder ``<step>`` also holds ``commit_success.txt`` (written last). Steps
-    still in ``checkpoints-pending/`` are not the run's. Imports neither JAX
-    nor orbax; ``OSError`` if the listing fails.
-    """
-    from etils import epath
-
-    from scaling.storage import is_remote
-
-    checkpoints = epath.Path(run_dir) / "checkpoints"
-    if not checkpoints.exists():
-        return []
-    folders = [p for p in checkpoints.iterdir() if p.name.isdigit()]
-    if is_remote(str(checkpoints)):
-        folders = [p for p in folders if (p / COMMIT_FILE).exists()]
-    return sorted(int(p.name) for p in folders)
 
 
 def resume_step(run_dir) -> int:
