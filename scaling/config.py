@@ -331,6 +331,9 @@ class TrainConfig:
     wandb_project: str = "depth-width-scaling"
     sweep_name: str = ""  # wandb group
     name: str = ""
+    # Another run's directory: a fresh start takes that run's newest parameters (weights only; the optimizer,
+    # step and data order start afresh). Part of the run id when set: the run that continues is a new run.
+    init_from: str = ""
 
     def __post_init__(self):
         _require(self.microbatches <= self.batch_size and self.batch_size % self.microbatches == 0,
@@ -440,7 +443,7 @@ _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "lo
 # existing default (add a field instead).
 _NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0,
                                    "model.block": "gpt", "optim.parametrization": "standard",
-                                   "optim.base_depth": 2}
+                                   "optim.base_depth": 2, "init_from": ""}
 # Spellings of one model: hashed as the older name, so a config that names the same function
 # anew keeps the run id of the records trained before the new name existed.
 _SAME_AS: dict[str, dict[Any, Any]] = {"model.activation": {"gelu_tanh": "gelu"}}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -111,6 +112,31 @@ class Evaluation:
                     member.final_accuracy = result["accuracy"]  # the label's cross-entropy in bits, and accuracy
                     row.update(eval_accuracy=result["accuracy"], eval_bits=result["loss"] / math.log(2))
             member.tracker.log(info.step, row)
+
+
+class Profile:
+    """A hook's function (``every=1``): a ``jax.profiler`` trace of the ``steps`` steps after the first
+    ``start`` (the first step compiles, so ``start`` >= 1), written into ``directory`` (TensorBoard's profile
+    plugin or Perfetto read it: ``perfetto_trace.json.gz`` beside the ``.xplane.pb``). Ends with training if
+    that comes first. ValueError naming ``start`` or ``steps`` when out of range."""
+
+    def __init__(self, start: int, steps: int, directory):
+        if not isinstance(start, int) or start < 1:
+            raise ValueError(f"start={start!r} is invalid: allowed an integer >= 1 (step 0 compiles the program)")
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps={steps!r} is invalid: allowed an integer >= 1")
+        self.start, self.steps, self.directory = start, steps, str(directory)
+        self.tracing = False
+
+    def __call__(self, info: StepInfo) -> None:
+        if not self.tracing and info.step == self.start and not info.final:
+            jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+            self.tracing = True
+        elif self.tracing and (info.step >= self.start + self.steps or info.final):
+            jax.block_until_ready(info.training.state)  # the traced steps' work, not only their dispatch
+            jax.profiler.stop_trace()
+            self.tracing = False
+            print(f"profile of steps {self.start}-{info.step - 1}: {self.directory}", file=sys.stderr)
 
 
 class Training:

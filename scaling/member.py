@@ -119,6 +119,7 @@ class Member:
         self.final_accuracy: float | None = None
         self.evaluations: dict[str, float | None] = {}  # named evaluations' final losses (scaling.loop)
         self.saved_step: int | None = None
+        self.parent_run_id: str | None = None  # the run whose parameters a fresh start took (init_from)
         self.earlier_seconds = (0.0, 0.0)  # (wall, training) seconds of the run's earlier segments
         self._closing = contextlib.ExitStack()  # closed when the run has ended, the last opened first
         if jax.process_index() == 0:  # the user's config: what the run id hashes and a rerun compares
@@ -180,7 +181,7 @@ class Member:
             lr_rule=optim_lib.rule_name(config.optim), peak_lr=config.optim.peak_lr,
             peak_lr_hidden=optim_lib.learning_rates(config.optim, model)["hidden"],
             code_version=self.code_version, data_fingerprint=self.data_fingerprint, planned_steps=config.steps,
-            **{"tokens_per_step": config.tokens_per_step, **self.estimate, **fields})
+            parent_run_id=self.parent_run_id, **{"tokens_per_step": config.tokens_per_step, **self.estimate, **fields})
 
     def open_checkpoints(self, abstract_state) -> Checkpoints:
         """The run's checkpoints (closed when the run has ended); a stop abandons a wait for storage. On

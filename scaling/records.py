@@ -118,6 +118,8 @@ class RunRecord:
     # Final losses (nats per token) of the evaluations registered on other data (``scaling.loop.Evaluation``),
     # by name; None without any. Their rows are ``NAME/eval_loss`` in the metrics log.
     final_evaluations: dict | None = None
+    # The run whose parameters this one started from (``TrainConfig.init_from``), by run id; None: its own init.
+    parent_run_id: str | None = None
     # What the preflight expected of it (``sweeps.preflight.estimate_store``), beside the measured ``mfu``.
     estimated_step_seconds: float | None = None
     estimated_mfu: float | None = None

@@ -162,7 +162,7 @@ def load_run(run_dir, *, overrides: tuple[str, ...] = (), devices=None, batch_si
     # As the trainer builds it (program.arguments_of): classification tasks read their label from two
     # logits; masked LMs mask.
     program = build(config, mesh, **arguments_of(config))
-    step, params = _restore_newest(checkpoints, steps, program)
+    step, params = _restore_newest(checkpoints, steps, program.abstract_state)
     return TrainedRun(run_dir, config, program, params, step, tokenizer, eos_id, pad_id, mask_id, cls_id,
                       batch_size)
 
@@ -194,10 +194,31 @@ def _quiet_orbax():
             logger.setLevel(level)
 
 
-def _restore_newest(directory: epath.Path, steps: list[int], program: Program) -> tuple[int, dict]:
-    """(step, params) of the newest of ``steps`` that reads back, onto ``program``'s shardings; older ones
-    are tried after a damaged one (each named on stderr). Only the step and the parameters are read."""
-    wanted = {"step": program.abstract_state["step"], "params": program.abstract_state["params"]}
+def parent_params(run_dir, config: TrainConfig, abstract_state: dict) -> tuple[str, int, dict]:
+    """The parameters a run of ``config`` starts from when it continues another run's (``init_from``):
+    ``(the parent's run id, its step, its newest parameters that read back, on abstract_state's shardings)``.
+    Raises ``RunDirError`` (one line) if the parent has no config or no readable checkpoint, or if its model
+    is not ``config``'s (the vocabulary aside, which the data resolves)."""
+    from scaling.config import config_id
+
+    run_dir = absolute_path(run_dir)
+    parent = read_config(run_dir)
+    mine, theirs = config.model, dataclasses.replace(parent.model, vocab_size=config.model.vocab_size)
+    if mine != theirs:
+        fields = [f.name for f in dataclasses.fields(mine) if getattr(mine, f.name) != getattr(theirs, f.name)]
+        raise RunDirError(f"init_from={str(run_dir)!r}: that run's model differs from this one's in "
+                          f"{', '.join(fields)}; continue a run of the same shape")
+    steps = sorted(checkpoint_steps(run_dir), reverse=True)
+    if not steps:
+        raise RunDirError(f"init_from={str(run_dir)!r}: no checkpoints yet; train that run first")
+    step, params = _restore_newest(run_dir / "checkpoints", steps, abstract_state)
+    return config_id(parent), step, params
+
+
+def _restore_newest(directory: epath.Path, steps: list[int], abstract_state: dict) -> tuple[int, dict]:
+    """(step, params) of the newest of ``steps`` that reads back, onto ``abstract_state``'s shardings; older
+    ones are tried after a damaged one (each named on stderr). Only the step and the parameters are read."""
+    wanted = {"step": abstract_state["step"], "params": abstract_state["params"]}
     restore = ocp.args.PyTreeRestore(item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
                                      partial_restore=True)
     errors = []

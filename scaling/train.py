@@ -67,11 +67,11 @@ from typing import Sequence
 
 import jax
 
-from scaling import data, records, rundir
+from scaling import data, records, restore, rundir
 from scaling.checkpoints import Checkpoints
 from scaling.config import TrainConfig
 from scaling.ending import REFUSED, AlreadyFinished, ResumesElsewhere  # noqa: F401 - raised by run
-from scaling.loop import Evaluation, Hook, StepInfo, Training  # noqa: F401 - the hooks a user registers
+from scaling.loop import Evaluation, Hook, Profile, StepInfo, Training  # noqa: F401 - the hooks a user registers
 from scaling.member import Member, Outcome, Start, fresh_meta, finished_record, run_lease  # noqa: F401
 from scaling.run_program import RunProgram, pack_key, build as build_program  # noqa: F401
 from scaling.stopping import Stop
@@ -230,12 +230,32 @@ def _start(members: list[Member], program: RunProgram) -> int:
 
 
 def _initial_state(members: list[Member], program: RunProgram):
-    """The program's state: each run's restored state, or its fresh one from the (packed) init (the slot of a
-    run that left the pack holds a fresh state, unused)."""
+    """The program's state: each run's restored state, or its fresh one from the (packed) init, with the
+    parameters of the run it continues (``init_from``) when it names one (the slot of a run that left the
+    pack holds a fresh state, unused)."""
     seeds = [member.resolved.seed for member in members]
-    if all(member.active and not member.start.resumed for member in members):
+    fresh_runs = [member for member in members if member.active and not member.start.resumed]
+    inherited = {member.index: _parent_params(member, program) for member in fresh_runs if member.config.init_from}
+    if len(fresh_runs) == len(members) and not inherited:
         return program.init(seeds)  # a fresh start is the init itself: nothing to slice and stack
-    fresh = program.init(seeds) if any(not m.active or not m.start.resumed for m in members) else None
-    return program.stack_states([
-        member.start.state if member.active and member.start.resumed else program.member_state(fresh, member.index)
-        for member in members])
+    fresh = program.init(seeds) if any(not (m.active and m.start.resumed) for m in members) else None
+    states = []
+    for member in members:
+        if member.active and member.start.resumed:
+            states.append(member.start.state)
+            continue
+        state = program.member_state(fresh, member.index)
+        if member.index in inherited:
+            state = {**state, "params": inherited[member.index]}
+        states.append(state)
+    return program.stack_states(states)
+
+
+def _parent_params(member: Member, program: RunProgram):
+    """The parameters ``member`` starts from: those of the run it continues (``restore.parent_params``)."""
+    parent_id, step, params = restore.parent_params(member.config.init_from, member.resolved,
+                                                    program.member_abstract_state(member.index))
+    member.parent_run_id = parent_id
+    print(f"{member.config.name or member.run_dir.name}: starting from the parameters of run {parent_id} "
+          f"(step {step}, {member.config.init_from})", file=sys.stderr)
+    return params

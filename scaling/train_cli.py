@@ -57,12 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", required=True, help="run directory (local path or gs:// URI)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. model.depth=4 or optim.lr_rule=mup (repeatable)")
+    parser.add_argument("--init-from", metavar="RUN_DIR",
+                        help="start from another run's newest parameters (weights only; same model shape); "
+                             "the run is a new run that records its parent")
+    parser.add_argument("--profile", metavar="START:STEPS", type=_profile_steps,
+                        help="write a jax.profiler trace of STEPS steps after the first START into "
+                             "WORKDIR/profile (open it in TensorBoard or Perfetto), e.g. 10:5")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--coordinator", help="multi-process start-up: coordinator host:port (on a pod, use "
                                               "the sweep command's run --pod-wide, which finds it)")
     parser.add_argument("--num-processes", type=int, help="with --coordinator: total number of processes")
     parser.add_argument("--process-id", type=int, help="with --coordinator: this process's index")
     return parser
+
+
+def _profile_steps(text: str) -> tuple[int, int]:
+    """``START:STEPS`` as two integers, START >= 1 (step 0 compiles) and STEPS >= 1."""
+    start, _, steps = text.partition(":")
+    if not (start.isdigit() and steps.isdigit() and int(start) >= 1 and int(steps) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: allowed START:STEPS, integers, START >= 1 (step 0 "
+                                         "compiles the program) and STEPS >= 1, e.g. 10:5")
+    return int(start), int(steps)
 
 
 # Commands that use a trained run, each a module of its own with a ``main(argv, prog)``.
@@ -82,6 +97,11 @@ def main(argv=None) -> int:
     try:
         check_access(args.workdir, args.config)  # one line now, not a minute of client retries later
         config = override(load_config(args.config), args.overrides)
+        if args.init_from:
+            check_access(args.init_from)
+            from scaling.rundir import absolute_path  # one spelling of the parent, whatever the working directory
+
+            config = override(config, [f"init_from={absolute_path(args.init_from)}"])
         check_access(config.data.cache_dir)
     except (StorageAccessError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -108,8 +128,14 @@ def _run_command(config: TrainConfig, args) -> int:
     from scaling.ending import ending
     from scaling.stopping import PREEMPTED_EXIT_CODE
 
+    hooks = []
+    if args.profile:
+        from etils import epath
+
+        directory = epath.Path(rundir.absolute_path(args.workdir)) / "profile"
+        hooks.append(train.Hook(train.Profile(*args.profile, directory), every=1, name="profile"))
     try:
-        result = train.run(config, args.workdir, show_progress=not args.no_progress)
+        result = train.run(config, args.workdir, show_progress=not args.no_progress, hooks=hooks)
     except Exception as error:  # noqa: BLE001 - a failure's traceback is in the run's error.log
         end = ending(error)
         if end.exit_code == PREEMPTED_EXIT_CODE:
