@@ -133,6 +133,10 @@ def train_members(configs: list[TrainConfig], run_dirs: list, *, show_progress: 
     """The life cycle of ``run`` and ``run_pack`` (see the module): one outcome per config."""
     run_dirs = [rundir.absolute_path(d) for d in run_dirs]
     _check_pack(configs, run_dirs, estimates)
+    for hook in hooks:  # before anything is touched
+        if not isinstance(hook.every, int) or hook.every < 0:
+            raise ValueError(f"every={hook.every!r} is invalid (hook {hook.name or hook.function!r}): allowed an "
+                             "integer >= 0 (0: only at the end)")
     stop = Stop() if stop is None else stop
     outcomes: list[Outcome | None] = [None] * len(configs)
     # Listen from the start: a preemption while the data loads or the step compiles stops the runs too;

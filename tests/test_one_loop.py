@@ -133,6 +133,7 @@ def test_a_hook_evaluates_on_a_second_dataset_for_a_run_alone_and_for_a_pack(tmp
 def test_a_hook_refuses_a_negative_interval(tmp_path):
     with pytest.raises(ValueError, match="every=-1"):
         tiny.run(causal(), tmp_path / "run", hooks=[Hook(lambda info: None, every=-1)])
+    assert not (tmp_path / "run").exists()  # refused before anything was touched
 
 
 def test_a_final_evaluation_not_finite_saves_the_last_checkpoint_then_records_diverged(tmp_path, monkeypatch):
