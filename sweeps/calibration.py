@@ -9,8 +9,12 @@ periodic logging, evaluations and checkpoints between them, so they lean slower 
 
 from __future__ import annotations
 
-from scaling.cli import fmt
-from sweeps.state import RunState, text_table
+from typing import TYPE_CHECKING
+
+from scaling.cli import fmt, text_table
+
+if TYPE_CHECKING:
+    from sweeps.state import RunState
 
 
 def _ratio(measured, estimated):
