@@ -1,6 +1,6 @@
 """``python -m scaling.corpus``: rebuild the built-in corpus file from the Python docs' sources
-(``corpus.py``), or, with ``build``, build a larger corpus from Debian documentation packages or folders
-of text (``corpus_build.py``; also ``python -m scaling.corpus_build``)."""
+(``scaling.corpus``), or, with ``build``, build a larger corpus from Debian documentation packages or
+folders of text (``scaling.corpus_build``; also ``python -m scaling.corpus_build``)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ Fingerprint
     fingerprints were trained on different data. A token cache stores the
     fingerprint computed when it was built, so reading it needs no text.
 
-Command line: ``python -m scaling.data --help`` (``data_cli.py``).
+Command line: ``python -m scaling.data --help`` (``scaling.data_cli``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m scaling.data``: build a token cache once, or inspect the data pipeline (corpus statistics, the
-hash of one training batch). The options are ``DataConfig``'s fields; the pipeline is ``data.py``."""
+hash of one training batch). The options are ``DataConfig``'s fields; the pipeline is ``scaling.data``."""
 
 from __future__ import annotations
 

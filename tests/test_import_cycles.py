@@ -6,8 +6,8 @@ still cannot be read, tested or moved apart, so it counts. Two kinds of import d
 - under ``if TYPE_CHECKING:``: they never run;
 - under ``if __name__ == "__main__":``: that code runs only when the file is started as a script
   (``python -m scaling.data``), and then as the module ``__main__``, not as the module the others import.
-  This is how a command keeps its name while its command line lives in a module of its own
-  (``data.py``'s script part hands over to ``data_cli.py``, which imports ``data``). Importing ``a.b.c`` also runs the ``__init__.py`` of ``a`` and ``a.b``, so it depends on
+  This is how a command keeps its name while its command line lives in a module of its own, which
+  imports the module the command is named after. Importing ``a.b.c`` also runs the ``__init__.py`` of ``a`` and ``a.b``, so it depends on
 those packages too, unless they enclose the importer (a package is set up before its modules).
 ``from a.b import name`` depends on ``a.b.name`` when that is a module, else on ``a.b`` itself.
 
