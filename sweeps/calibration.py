@@ -9,20 +9,16 @@ periodic logging, evaluations and checkpoints between them, so they lean slower 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from scaling.cli import fmt, text_table
-
-if TYPE_CHECKING:
-    from sweeps.state import RunState
 
 
 def _ratio(measured, estimated):
     return measured / estimated if measured and estimated else None
 
 
-def lines(states: list[RunState]) -> list[str]:
-    """A table of the runs whose record keeps a preflight estimate, estimate beside measurement; [] if none."""
+def lines(states: list) -> list[str]:
+    """A table of the runs whose record keeps a preflight estimate, estimate beside measurement; [] if none.
+    ``states``: ``sweeps.state.RunState`` objects (the state module calls this one, not the other way)."""
     rows, sources = [], []
     for state in states:
         record = state.record or {}
