@@ -48,7 +48,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported; skips p
 from scaling import cli  # noqa: E402
 from scaling.cpu_allocator import tune_cpu_allocator  # noqa: E402
 
-# As the command lines do (scaling.train's and sweeps.launch's main), before
+# As the command lines do (the main of python -m scaling.train and of sweeps.launch), before
 # JAX starts its CPU threads: make glibc keep freed memory for reuse instead
 # of unmapping it (one arena, no mmap, a 2 GiB trim threshold), so the step's
 # temporaries stop page-faulting; SCALING_MALLOC_TUNING=0 measures without it.

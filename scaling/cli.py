@@ -58,16 +58,15 @@ def positive_int(text: str) -> int:
 def run_dir_command(parser: argparse.ArgumentParser, argv, use) -> int:
     """The frame of a command that uses a trained run (``eval``, ``sample``): parse ``argv``, set up the
     CPU allocator before JAX starts, and return ``use(args)``'s exit status, or 2 with one line on stderr
-    for an unusable run directory, input or file (``RunDirError``, ``ValueError``, ``OSError``)."""
+    for an unusable run directory, input or file (``ValueError``, ``restore.RunDirError`` among them, and
+    ``OSError``). Nothing here names the restore module: this module stays under every command line."""
     args = parser.parse_args(argv)
     from scaling.cpu_allocator import tune_cpu_allocator
 
     tune_cpu_allocator()
-    from scaling.restore import RunDirError
-
     try:
         return use(args)
-    except (RunDirError, ValueError, OSError) as error:
+    except (ValueError, OSError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
 

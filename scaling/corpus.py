@@ -44,7 +44,6 @@ import lzma
 import pathlib
 import re
 
-from scaling import cli
 from scaling.config import DataConfig
 
 CORPUS_DIR = pathlib.Path(__file__).resolve().parent / "corpus_data"
@@ -368,36 +367,7 @@ def build_corpus_file(sources_dir: pathlib.Path, out_path: pathlib.Path = CORPUS
             "file_bytes": out_path.stat().st_size}
 
 
-def main(argv=None) -> None:
-    """``python -m scaling.corpus SOURCES_DIR`` rebuilds the built-in corpus file;
-    ``python -m scaling.corpus build ...`` builds a larger corpus (``scaling.corpus_build``)."""
-    from scaling.entry import prepare_process
-
-    prepare_process()  # before JAX starts its backend or a storage client
-    import sys
-
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["build"]:
-        from scaling import corpus_build
-
-        corpus_build.main(argv[1:])
-        return
-    parser = cli.Parser(
-        prog="python -m scaling.corpus",
-        description="Rebuild the built-in corpus file from the Python docs' reStructuredText sources "
-                    "(see this module's docstring for where to get them). `python -m scaling.corpus build "
-                    "--help`: build a larger corpus from Debian documentation packages or folders of text.")
-    parser.add_argument("sources_dir", type=pathlib.Path,
-                        help="the html/_sources folder of the python3.11-doc package")
-    parser.add_argument("--out", type=pathlib.Path, default=CORPUS_FILE, help="output .jsonl.xz path")
-    args = parser.parse_args(argv)
-    if not args.sources_dir.is_dir():
-        parser.error(f"sources_dir {args.sources_dir} is not a directory")
-    try:
-        print(json.dumps(build_corpus_file(args.sources_dir, args.out)))
-    except ValueError as error:
-        parser.error(str(error))
-
-
 if __name__ == "__main__":
+    from scaling.corpus_cli import main
+
     main()

@@ -475,53 +475,7 @@ def build(sources: list[Source], out: pathlib.Path, show_progress: bool = False,
     return fingerprint
 
 
-def main(argv=None, prog: str = "python -m scaling.corpus build") -> None:
-    """``python -m scaling.corpus build`` (also ``python -m scaling.corpus_build``)."""
-    from scaling import cli
-
-    parser = cli.Parser(
-        prog=prog,
-        description="Build an English prose corpus from installed Debian documentation packages (default) or "
-                    "folders of text: strip markup, de-duplicate, write documents, a byte-level token cache, "
-                    "its .tar.xz, LICENSES and fingerprint.json into --out (see scaling/corpus_build.py).")
-    parser.add_argument("--out", type=pathlib.Path, required=True,
-                        help="output directory, outside the repository, e.g. ~/.cache/scaling-data/debian-docs-prose")
-    parser.add_argument("--folder", type=pathlib.Path, action="append", default=[], metavar="DIR",
-                        help="a folder of .txt/.md/.rst/.html/.pod files to use instead of the Debian "
-                             "packages (repeatable)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help=f"only these Debian sources (repeatable): {', '.join(s.name for s in DEBIAN_SOURCES)}")
-    parser.add_argument("--fingerprint", type=pathlib.Path, metavar="PATH",
-                        help="also copy fingerprint.json here (e.g. into the repository, to commit)")
-    parser.add_argument("--xz-preset", type=int, default=6, choices=range(10), metavar="0-9",
-                        help="xz compression level of tokens.tar.xz (default 6)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
-    if args.folder and args.only:
-        parser.error("give --folder or --only, not both")
-    known = {s.name: s for s in DEBIAN_SOURCES}
-    unknown = [name for name in args.only if name not in known]
-    if unknown:
-        parser.error(f"--only {unknown}: unknown source; choose from {', '.join(known)}")
-    for folder in args.folder:
-        if not folder.is_dir():
-            parser.error(f"--folder {folder}: not a directory")
-    sources = ([folder_source(f) for f in args.folder] if args.folder
-               else [known[name] for name in args.only] if args.only else list(DEBIAN_SOURCES))
-    try:
-        fingerprint = build(sources, args.out.expanduser(), show_progress=not args.quiet, preset=args.xz_preset)
-    except ValueError as error:
-        parser.error(str(error))
-    if args.fingerprint:
-        args.fingerprint.parent.mkdir(parents=True, exist_ok=True)
-        args.fingerprint.write_text(json.dumps(fingerprint, indent=1) + "\n")
-    lines = [f"{name:18s} {s['prose_bytes'] / 1e6:8.2f} MB  {s['documents']:7d} documents  "
-             f"({s['duplicates_dropped']} duplicates dropped)" for name, s in fingerprint["sources"].items()]
-    print("\n".join(lines))
-    print(f"total {fingerprint['prose_bytes'] / 1e6:.2f} MB of prose in {fingerprint['documents']} documents; "
-          f"{args.out / ARCHIVE}: {fingerprint['archive']['mib']} MiB; data fingerprint "
-          f"{fingerprint['data_fingerprint'][:16]}")
-
-
 if __name__ == "__main__":
-    main(prog="python -m scaling.corpus_build")
+    from scaling.corpus_cli import build_main
+
+    build_main(prog="python -m scaling.corpus_build")

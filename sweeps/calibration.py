@@ -9,16 +9,16 @@ periodic logging, evaluations and checkpoints between them, so they lean slower 
 
 from __future__ import annotations
 
-from scaling.cli import fmt
-from sweeps.state import RunState, text_table
+from scaling.cli import fmt, text_table
 
 
 def _ratio(measured, estimated):
     return measured / estimated if measured and estimated else None
 
 
-def lines(states: list[RunState]) -> list[str]:
-    """A table of the runs whose record keeps a preflight estimate, estimate beside measurement; [] if none."""
+def lines(states: list) -> list[str]:
+    """A table of the runs whose record keeps a preflight estimate, estimate beside measurement; [] if none.
+    ``states``: ``sweeps.state.RunState`` objects (the state module calls this one, not the other way)."""
     rows, sources = [], []
     for state in states:
         record = state.record or {}

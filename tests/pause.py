@@ -2,7 +2,7 @@
 
     python tests/pause.py PAUSE_FILE [RUN@]STEP MODULE [ARGUMENTS...]
 
-runs ``python -m MODULE ARGUMENTS`` (``scaling.train`` or ``sweeps.launch``). Once a run's tracker
+runs ``python -m MODULE ARGUMENTS`` (``-m scaling.train`` or ``-m sweeps.launch``). Once a run's tracker
 (with RUN@, only that of the run whose directory is named RUN) has logged STEP (so every metrics row before STEP is written, and every checkpoint before it is
 under way), the process creates PAUSE_FILE and waits while it exists, for at most ten minutes. A test can
 then kill it, signal it or break its storage at a step it knows, however fast or slow the machine is,

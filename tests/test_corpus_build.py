@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from scaling import corpus, corpus_build, token_cache
+from scaling import corpus, corpus_build, corpus_cli, token_cache
 
 HTML = """<html><head><title>T</title><style>p {color: red}</style><script>var x = 1;</script></head>
 <body><div class="navheader"><a href="a.html">Prev</a> Up Next</div>
@@ -109,7 +109,7 @@ def write_folder(root, documents: int = 12):
 
 def build_folder(tmp_path, name="out"):
     out = tmp_path / name
-    corpus_build.main(["--folder", str(tmp_path / "texts"), "--out", str(out), "--quiet",
+    corpus_cli.build_main(["--folder", str(tmp_path / "texts"), "--out", str(out), "--quiet",
                        "--fingerprint", str(tmp_path / f"{name}-fingerprint.json")])
     return out
 
@@ -162,10 +162,10 @@ def test_build_refuses_an_archive_over_the_limit_and_bad_arguments(tmp_path, mon
         build_folder(tmp_path)
     assert "over the 0 MiB" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        corpus_build.main(["--folder", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+        corpus_cli.build_main(["--folder", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert "not a directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        corpus_build.main(["--only", "no-such-source", "--out", str(tmp_path / "o")])
+        corpus_cli.build_main(["--only", "no-such-source", "--out", str(tmp_path / "o")])
     assert "unknown source" in capsys.readouterr().err
     missing = corpus_build.Source("gone", "html", str(tmp_path / "empty"), ("*.html",), "some-doc")
     with pytest.raises(ValueError, match="apt-get install some-doc"):
@@ -174,6 +174,6 @@ def test_build_refuses_an_archive_over_the_limit_and_bad_arguments(tmp_path, mon
 
 def test_corpus_module_dispatches_build(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(corpus_build, "main", lambda argv: seen.append(argv))
-    corpus.main(["build", "--out", os.fspath(tmp_path)])
+    monkeypatch.setattr(corpus_cli, "build_main", lambda argv: seen.append(argv))
+    corpus_cli.main(["build", "--out", os.fspath(tmp_path)])
     assert seen == [["--out", os.fspath(tmp_path)]]

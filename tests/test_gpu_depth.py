@@ -168,13 +168,13 @@ def test_run_stage_refuses_bad_arguments(args, message):
 
 def micro_corpus(tmp_path) -> Path:
     """A corpus built from a small folder of the built-in prose: its tokens.tar.xz."""
-    from scaling import corpus, corpus_build
+    from scaling import corpus, corpus_cli
 
     texts = tmp_path / "texts"
     texts.mkdir()
     for index, (_, text) in enumerate(corpus.builtin_documents()[:40]):
         (texts / f"doc{index:02d}.txt").write_text(text)
-    corpus_build.main(["--folder", str(texts), "--out", str(tmp_path / "corpus"), "--quiet"])
+    corpus_cli.build_main(["--folder", str(texts), "--out", str(tmp_path / "corpus"), "--quiet"])
     return tmp_path / "corpus" / "tokens.tar.xz"
 
 

@@ -19,7 +19,7 @@ ENTRY_POINTS = {
     "sweeps.launch": "sweeps.launch:build_parser",
     "scaling.train": "scaling.train_cli:build_parser",
     "analysis": "analysis.__main__:build_parser",
-    "scaling.data": "scaling.data:_parser",
+    "scaling.data": "scaling.data_cli:_parser",
 }
 
 

@@ -4,7 +4,9 @@ import re
 
 from helpers import REPO
 
-PACKAGES = ("scaling", "sweeps", "sweeps/preflight", "analysis")
+# Every package folder of the three top-level packages, subpackages included, but the sweep files'.
+PACKAGES = tuple(sorted(str(init.parent.relative_to(REPO)) for top in ("scaling", "sweeps", "analysis")
+                        for init in (REPO / top).rglob("__init__.py") if init.parent.name != "configs"))
 
 
 def layout_entries() -> dict[str, list[str]]:

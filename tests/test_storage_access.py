@@ -13,7 +13,7 @@ import helpers
 import tiny
 from analysis import __main__ as analysis_cli
 from gcs_emulator import emulator_env
-from scaling import data, migrate_records, storage, train
+from scaling import data, data_cli, migrate_records, storage, train
 from scaling.storage import StorageAccessError, check_access
 from sweeps import launch
 
@@ -128,7 +128,7 @@ COMMANDS = [
     (analysis_cli.main, ["plot", MISSING, "--out", "figures"], "python -m analysis plot: error: "),
     (analysis_cli.main, ["synthetic", "--out", f"{MISSING}/sweep.csv"], "python -m analysis synthetic: error: "),
     (train.main, ["--config", "tiny", "--workdir", MISSING], "error: "),
-    (data.main, ["cache", "--source", "builtin", "--cache-dir", f"{MISSING}/tokens"], "error: "),
+    (data_cli.main, ["cache", "--source", "builtin", "--cache-dir", f"{MISSING}/tokens"], "error: "),
     (migrate_records.main, [MISSING], "error: "),
 ]
 

@@ -17,7 +17,7 @@ from etils import epath
 import tiny
 from analysis.results import load_runs
 from helpers import REPO
-from scaling import corpus, data, records, token_cache, train
+from scaling import corpus, data, data_cli, records, token_cache, train
 from scaling.config import DataConfig
 from scaling.metrics_log import read_metrics
 from scaling.track import Tracker
@@ -67,7 +67,7 @@ def test_a_run_trains_from_a_gs_token_cache_alone_and_writes_its_records_to_gs(g
     from_file = DataConfig(source="local", paths=(str(source),), seq_len=32, validation_fraction=0.1)
     before = data.build(from_file)
     expected = {step: data.batch_digest(before.train_batch(0, step, 8)) for step in range(tiny.STEPS)}
-    data.main(token_cache.cache_command(from_file, f"{gcs}/tokens").split()[3:]
+    data_cli.main(token_cache.cache_command(from_file, f"{gcs}/tokens").split()[3:]
               + ["--quiet", "--shard-documents", "20"])
     assert {"tokens/metadata.json", "tokens/train-00001.npy"} <= keys(gcs)
     source.unlink()

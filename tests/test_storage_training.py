@@ -22,7 +22,7 @@ from etils import epath
 import helpers
 import tiny
 from gcs_emulator import checkpoint_steps, env_for, keys, metric_steps
-from scaling import data, records, storage, token_cache
+from scaling import data, data_cli, records, storage, token_cache
 from scaling.config import DataConfig
 from sweeps import launch
 
@@ -62,7 +62,7 @@ def test_a_whole_sweep_on_gs_is_read_back_by_status_and_the_analysis(gcs, gcs_em
     from analysis.__main__ import main as analysis
 
     tokens = f"{gcs}/tokens/builtin"
-    data.main(token_cache.cache_command(DataConfig(source="builtin", seq_len=32), tokens).split()[3:] + ["--quiet"])
+    data_cli.main(token_cache.cache_command(DataConfig(source="builtin", seq_len=32), tokens).split()[3:] + ["--quiet"])
     sweep_file = tiny.write_sweep(tmp_path, "micro")
     workdir = f"{gcs}/sweeps"
     # The sweep's own process finds the storage through STORAGE_EMULATOR_HOST alone.

@@ -20,7 +20,7 @@ from tokenizers import models, pre_tokenizers
 import helpers
 from gcs_emulator import FaultProxy
 from helpers import REPO
-from scaling import corpus, data, token_cache
+from scaling import corpus, data, data_cli, token_cache
 from scaling.config import DataConfig
 
 DOCS = [f"Document {i}: caf\u00e9 \u2014 {'word ' * (i % 7)}\u00fcber {i * i} \U0001f600 end." for i in range(60)]
@@ -39,7 +39,7 @@ def jsonl_config(tmp_path, docs=DOCS, **overrides) -> tuple[DataConfig, pathlib.
 def cli_cache(config: DataConfig, directory, *extra) -> None:
     """``python -m scaling.data cache`` for ``config``, in this process."""
     words = token_cache.cache_command(config, directory).split()[3:]  # drop "python -m scaling.data"
-    data.main([*words, "--quiet", *extra])
+    data_cli.main([*words, "--quiet", *extra])
 
 
 def forbid_reading_the_source(monkeypatch):
@@ -188,13 +188,13 @@ def test_missing_incomplete_mismatched_or_damaged_caches_are_refused_in_one_line
 
 def test_cli_reports_a_missing_cache_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["batch-hash", "--cache-dir", str(tmp_path / "none"), "--seed", "0", "--step", "0",
+        data_cli.main(["batch-hash", "--cache-dir", str(tmp_path / "none"), "--seed", "0", "--step", "0",
                    "--batch-size", "4"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no token cache at") and "\n" not in err
     with pytest.raises(SystemExit):
-        data.main(["cache", "--source", "builtin"])
+        data_cli.main(["cache", "--source", "builtin"])
     assert "cache needs --cache-dir" in capsys.readouterr().err
 
 
@@ -211,8 +211,8 @@ def test_the_paper_sweep_and_readme_cache_the_corpus_the_sweep_trains_on():
     commands = documented_cache_commands(paper.__doc__) + documented_cache_commands((REPO / "README.md").read_text())
     assert len(commands) == 2
     for words in commands:
-        args = data._parser().parse_args([word.replace("$BUCKET", "gs://b") for word in words])
-        built_for = data._config_from_args(args)
+        args = data_cli._parser().parse_args([word.replace("$BUCKET", "gs://b") for word in words])
+        built_for = data_cli._config_from_args(args)
         assert token_cache.describe_source(built_for) == token_cache.describe_source(paper.sweep().base.data)
 
 
