@@ -75,7 +75,6 @@ from scaling.loop import Evaluation, Hook, Profile, StepInfo, Training  # noqa: 
 from scaling.member import Member, Outcome, Start, fresh_meta, finished_record, run_lease  # noqa: F401
 from scaling.run_program import RunProgram, pack_key, build as build_program  # noqa: F401
 from scaling.stopping import Stop
-from scaling.train_cli import PRESETS, load_config, main  # noqa: F401 - the command line's names, kept here
 
 
 def run(config: TrainConfig, workdir, *, show_progress: bool = True, devices=None, stop: Stop | None = None,

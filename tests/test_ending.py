@@ -6,7 +6,7 @@ import json
 import pytest
 
 import tiny
-from scaling import budget, lease as lease_lib, member as member_lib, program as program_lib, records, rundir, train
+from scaling import budget, lease as lease_lib, member as member_lib, program as program_lib, records, rundir, train, train_cli
 from scaling.checkpoints import CheckpointError, WriteAbandoned
 from scaling.config import DataConfig, config_id, to_dict
 from scaling.ending import REFUSED, AlreadyFinished, Ending, ResumesElsewhere, as_raised, ending
@@ -110,7 +110,7 @@ def test_an_error_after_the_lease_was_lost_ends_the_run_as_lease_lost_everywhere
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(to_dict(tiny.config(steps=2, checkpoint_every=2))))
     run_dir = tmp_path / "run"
-    assert train.main(["--config", str(config_file), "--workdir", str(run_dir), "--no-progress"]) == 2
+    assert train_cli.main(["--config", str(config_file), "--workdir", str(run_dir), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: another process took over this run's lease") and "disk gone" in err[-1]
     assert codes == [1] and not (run_dir / "result.json").exists() and not (run_dir / "error.log").exists()

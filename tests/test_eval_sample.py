@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling import evaluate, generate, train
+from scaling import evaluate, generate, train, train_cli
 from scaling.restore import RunDirError, load_run
 from scaling.tokenizer import ByteTokenizer
 
@@ -35,7 +35,7 @@ def no_allocator_tuning(monkeypatch):
 def command(capsys, *argv) -> tuple[int, str, str]:
     """``python -m scaling.train ARGV`` in this process: (exit status, stdout, stderr)."""
     try:
-        status = train.main(list(argv))
+        status = train_cli.main(list(argv))
     except SystemExit as exit:  # argparse's errors
         status = exit.code
     out, err = capsys.readouterr()

@@ -14,7 +14,7 @@ import pytest
 import helpers
 import tiny
 from helpers import REPO
-from scaling import records, train
+from scaling import records, train, train_cli
 from sweeps import launch, spec
 
 write_sweep = tiny.write_sweep  # (directory, name, grid, steps=..., ...): a sweep file of the tiny runs
@@ -473,7 +473,7 @@ def test_piped_output_closes_quietly(tmp_path):
 
 def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "taken").write_text("")
-    assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "taken")]) == 2
+    assert train_cli.main(["--config", "tiny", "--workdir", str(tmp_path / "taken")]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
     sweep = str(write_sweep(tmp_path, "mini", PAIR))
     monkeypatch.chdir(tmp_path)

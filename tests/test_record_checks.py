@@ -9,7 +9,7 @@ import pytest
 import tiny
 from analysis.errors import AnalysisInputError
 from analysis.results import load_runs
-from scaling import lease as lease_lib, record_checks, records, train
+from scaling import lease as lease_lib, record_checks, records, train, train_cli
 from scaling.config import to_dict
 from sweeps import launch
 
@@ -116,7 +116,7 @@ def test_a_metrics_log_without_the_last_evaluation_judges_nothing(tmp_path):
 
 
 def test_a_flag_given_to_a_number_is_refused(tmp_path, capsys):
-    assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", "steps=true"]) == 2
+    assert train_cli.main(["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", "steps=true"]) == 2
     assert "steps=true: steps is a number" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -135,7 +135,7 @@ def test_a_failure_names_error_log_only_if_it_was_written(tmp_path, capsys, monk
         monkeypatch.setattr(train.rundir, "log_failure", lambda run_dir, error: None)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(to_dict(tiny.config())))
-    assert train.main(["--config", str(config), "--workdir", str(tmp_path / "run"), "--no-progress"]) == 1
+    assert train_cli.main(["--config", str(config), "--workdir", str(tmp_path / "run"), "--no-progress"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: run failed:") and "error.log" not in lines[0].replace(
         "no error.log", ""), lines

@@ -13,7 +13,7 @@ import helpers
 import tiny
 from analysis import __main__ as analysis_cli
 from gcs_emulator import emulator_env
-from scaling import data, data_cli, migrate_records, storage, train
+from scaling import data, data_cli, migrate_records, storage, train, train_cli
 from scaling.storage import StorageAccessError, check_access
 from sweeps import launch
 
@@ -127,7 +127,7 @@ COMMANDS = [
      "python -m analysis optimal: error: "),
     (analysis_cli.main, ["plot", MISSING, "--out", "figures"], "python -m analysis plot: error: "),
     (analysis_cli.main, ["synthetic", "--out", f"{MISSING}/sweep.csv"], "python -m analysis synthetic: error: "),
-    (train.main, ["--config", "tiny", "--workdir", MISSING], "error: "),
+    (train_cli.main, ["--config", "tiny", "--workdir", MISSING], "error: "),
     (data_cli.main, ["cache", "--source", "builtin", "--cache-dir", f"{MISSING}/tokens"], "error: "),
     (migrate_records.main, [MISSING], "error: "),
 ]
@@ -152,7 +152,7 @@ def test_every_command_says_one_line_and_exits_2(closed_port, capsys, main, argv
 
 def test_the_trainer_checks_a_token_cache_on_gs_too(closed_port, capsys, tmp_path):
     argv = ["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", f"data.cache_dir={MISSING}"]
-    assert train.main(argv) == 2
+    assert train_cli.main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: {MISSING}: cannot reach Cloud Storage")
 
 

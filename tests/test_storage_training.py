@@ -169,7 +169,7 @@ def test_two_launchers_on_one_gs_workdir_train_each_run_once(gcs, gcs_emulator, 
 
 POD_DRIVER = '''
 import os, sys
-from scaling import checkpoints, train
+from scaling import checkpoints, train_cli as train
 
 # "PROCESS:STEP": what that process read of that step is rejected (a transient error, seen by one host only)
 fail = os.environ.get("FAIL_RESTORE")

@@ -11,7 +11,7 @@ import pytest
 
 import helpers
 import tiny
-from scaling import records, train
+from scaling import records, train, train_cli
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig, to_dict
 
 
@@ -131,7 +131,7 @@ def test_language_model_record_has_no_accuracy(tiny_reference):
     ("model.num_heads=abc", "model.num_heads"), ("model=3", "model"), ("steps=1e400", "steps"),
     ("steps=abc", "steps"), ("optim.peak_lr=inf", "optim.peak_lr"), ("steps=10.7", "steps")])
 def test_a_bad_override_is_one_line_naming_the_field(setting, named, tmp_path, capsys):
-    assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", setting]) == 2
+    assert train_cli.main(["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", setting]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
@@ -141,6 +141,6 @@ def test_a_config_file_with_a_fractional_step_count_is_refused(tmp_path, capsys)
     config = to_dict(tiny.config())
     config["steps"] = 10.7
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert train.main(["--config", str(tmp_path / "config.json"), "--workdir", str(tmp_path / "run")]) == 2
+    assert train_cli.main(["--config", str(tmp_path / "config.json"), "--workdir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "steps" in err and "10.7" in err, err
