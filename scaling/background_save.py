@@ -32,11 +32,12 @@ import threading
 import time
 from typing import Callable
 
+from scaling.settings import stop_grace_seconds
+
 
 def stop_wait_seconds() -> float | None:
     """How long a stop waits for a checkpoint write in flight (seconds): half the stop's grace period
-    (``stopping.stop_grace_seconds``); None (no limit but the write's own deadline) without a grace period."""
-    from scaling.stopping import stop_grace_seconds
+    (``settings.stop_grace_seconds``); None (no limit but the write's own deadline) without a grace period."""
 
     grace = stop_grace_seconds()
     return grace / 2 if grace > 0 else None

@@ -27,16 +27,10 @@ import signal
 import threading
 import time
 
-from scaling import multihost, settings
+from scaling import multihost
+from scaling.settings import STOP_GRACE_SECONDS, stop_grace_seconds  # noqa: F401 - the stop's names
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the sweep relaunch loop keys on it
-STOP_GRACE_SECONDS = 25.0  # within a preempted TPU VM's ~30 s notice and SLURM's default KillWait of 30 s
-
-
-def stop_grace_seconds() -> float:
-    """Seconds a process may take to end after SIGTERM: ``SCALING_STOP_GRACE_SECONDS`` if set (0 or less: no
-    limit), else ``STOP_GRACE_SECONDS``."""
-    return settings.seconds("SCALING_STOP_GRACE_SECONDS", STOP_GRACE_SECONDS)
 
 
 class Preempted(Exception):
