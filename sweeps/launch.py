@@ -60,8 +60,9 @@ import sys
 
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
-from sweeps import cloud, hosts, packing
+from sweeps import hosts, packing
 from sweeps import spec as spec_lib
+from sweeps.cloud import command as cloud_command
 from sweeps.launch_parser import build_parser
 from sweeps.preflight_plan import planned_runs, preflight_estimates
 from sweeps.spec import RunSpec, Sweep
@@ -431,7 +432,7 @@ def _resolve_workdir(text: str) -> str:
 # The sweep commands; those that read or write the work directory here come first (preflight does not; sky's is
 # read by the cluster).
 COMMANDS = {"list": cmd_list, "dry-run": cmd_dry_run, "run": cmd_run, "status": cmd_status,
-            "preflight": cmd_preflight, "sky": cloud.cmd_sky}
+            "preflight": cmd_preflight, "sky": cloud_command.cmd_sky}
 STORAGE_COMMANDS = ("list", "dry-run", "run", "status")
 
 

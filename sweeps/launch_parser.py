@@ -164,7 +164,7 @@ SKY_DESCRIPTION = (
 
 
 def _add_sky(commands) -> None:
-    """The ``sky`` command (``sweeps/cloud.py``)."""
+    """The ``sky`` command (``sweeps/cloud/command.py``)."""
     help_text = "launch the shares as SkyPilot managed jobs (needs .[cloud])"
     sub = commands.add_parser("sky", help=help_text, description=SKY_DESCRIPTION)
     sub.add_argument("sweep_file", metavar="SWEEP_FILE",

@@ -1,4 +1,4 @@
-"""SkyPilot task files and ``python -m sweeps.launch sky`` (sweeps/cloud.py).
+"""SkyPilot task files and ``python -m sweeps.launch sky`` (sweeps/cloud/).
 
 Three layers, none of which needs cloud credentials or a network:
 * the task files, parsed by SkyPilot's own parser (``sky.Task.from_yaml_config``,
@@ -30,7 +30,10 @@ import yaml
 
 import helpers
 from helpers import REPO
-from sweeps import cloud, cloud_jobs, launch, lockfile
+from sweeps import launch
+from sweeps.cloud import jobs as cloud_jobs
+from sweeps.cloud import lockfile
+from sweeps.cloud import tasks as cloud
 
 SWEEP = "sweeps/configs/smoke.py"  # 6 runs
 TPU_TASK, GPU_TASK = cloud.TASK_FILES["tpu"], cloud.TASK_FILES["gpu"]

@@ -4,7 +4,7 @@ import re
 
 from helpers import REPO
 
-PACKAGES = ("scaling", "sweeps", "sweeps/preflight", "analysis")
+PACKAGES = ("scaling", "sweeps", "sweeps/preflight", "sweeps/cloud", "analysis")
 
 
 def layout_entries() -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""constraints.txt, the lock file the cloud installs use (sweeps/lockfile.py).
+"""constraints.txt, the lock file the cloud installs use (sweeps/cloud/lockfile.py).
 
 Checked without the package index: it pins every dependency of pyproject.toml and the tpu extra within
 its range, the packages a checkpoint depends on agree with each other, and both SkyPilot tasks install
@@ -9,7 +9,7 @@ import yaml
 
 import helpers
 from helpers import REPO
-from sweeps import lockfile
+from sweeps.cloud import lockfile
 
 
 def test_lock_pins_every_dependency_within_its_range():

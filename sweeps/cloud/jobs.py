@@ -25,7 +25,8 @@ import shlex
 import time
 
 from sweeps import spec as spec_lib
-from sweeps.cloud import Accelerator, CloudError, Job, first_line, import_sky, job_runs, parse_accelerator, work
+from sweeps.cloud.tasks import (Accelerator, CloudError, Job, first_line, import_sky, job_runs, parse_accelerator,
+                                selected_runs, work)
 from sweeps.state import TO_TRAIN, counts_line, read_states, text_table
 
 JOBS_FILE = "jobs.json"
@@ -105,8 +106,6 @@ def runs_of(job: Submitted, sweep_file: str) -> list:
     words = shlex.split(job.envs.get("ARGS", ""))
     overrides = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--set"]
     only = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--only"]
-    from sweeps.cloud import selected_runs
-
     sweep = spec_lib.with_overrides(spec_lib.load_sweep(sweep_file), overrides)
     accelerator, as_job = job.as_job()
     return job_runs(as_job, accelerator, selected_runs(sweep, only))
