@@ -335,6 +335,7 @@ class Controller:
 
         self.status, self.record_class = ManagedJobStatus, ManagedJobRecord
         self.jobs, self.launched, self.cancelled, self.logs, self.refuse = {}, [], [], [], set()
+        self.stopped = False  # the jobs controller stopped itself (idle, no job in progress)
         monkeypatch.setattr(sky.jobs, "launch", self.launch)
         monkeypatch.setattr(sky.jobs, "queue_v2", self.queue_v2)
         monkeypatch.setattr(sky.jobs, "cancel", self.cancel)
@@ -354,8 +355,14 @@ class Controller:
         return answer
 
     def queue_v2(self, refresh, skip_finished=False, all_users=False, job_ids=None, **_):
-        records = [r for i, r in self.jobs.items() if job_ids is None or i in job_ids]
-        return lambda: (records, len(records), {}, len(self.jobs))
+        def answer():
+            if self.stopped and not refresh:  # as sky/jobs/server/core.py answers with its controller stopped
+                from sky.exceptions import ClusterNotUpError
+
+                raise ClusterNotUpError("No in-progress managed jobs.")
+            records = [r for i, r in self.jobs.items() if job_ids is None or i in job_ids]
+            return records, len(records), {}, len(self.jobs)
+        return answer
 
     def cancel(self, name=None, job_ids=None, all=False, **_):  # noqa: A002 - SkyPilot's parameter name
         assert name is None and not all, "cancel by job id only"
@@ -427,6 +434,56 @@ def test_submitting_twice_submits_each_share_once(gcs, capsys, monkeypatch):
     assert launch.main(flags + ["--missing"]) == 0
     assert "smoke-0-of-2: skipped, every run of its share is done" in capsys.readouterr().out
     assert len(controller.launched) == 3
+
+
+def test_the_job_commands_work_after_the_jobs_controller_stopped(gcs, capsys, monkeypatch):
+    sky = pytest.importorskip("sky")
+    controller = Controller(sky, monkeypatch)
+    workdir = f"{gcs}/sweeps"
+    flags = sky_flags("--accelerator", "v5litepod-8", "--shares", "2", workdir=workdir)
+    assert launch.main(flags) == 0
+    for job_id in (1, 2):
+        controller.set(job_id, "FAILED")
+    controller.stopped = True  # every job ended, and ten idle minutes later the controller stopped
+    capsys.readouterr()
+    assert launch.main(flags + ["--missing"]) == 0  # the shares with unfinished runs: resubmitted
+    out = capsys.readouterr().out
+    assert "jobs controller is stopped" in out and "managed job 1 ended (jobs controller stopped)" in out
+    assert [name for _, name in controller.launched[2:]] == ["smoke-0-of-2", "smoke-1-of-2"]
+    controller.stopped = True
+    assert launch.main(sky_flags("--status", workdir=workdir)) == 0
+    assert capsys.readouterr().out.count("ended (jobs controller stopped)") == 4
+    assert launch.main(sky_flags("--cancel", workdir=workdir)) == 0
+    assert "no live job among the 4 recorded" in capsys.readouterr().out and controller.cancelled == []
+
+
+def test_a_stopped_controller_is_no_live_job_at_the_sdk_boundary(monkeypatch):
+    """The queue raises SkyPilot's own ``ClusterNotUpError`` (a stand-in of its class without the cloud extra)."""
+    import types
+
+    try:
+        from sky.exceptions import ClusterNotUpError
+    except ImportError:
+        ClusterNotUpError = type("ClusterNotUpError", (Exception,), {})
+        package, module = types.ModuleType("sky"), types.ModuleType("sky.exceptions")
+        module.ClusterNotUpError = ClusterNotUpError
+        monkeypatch.setitem(sys.modules, "sky", package)
+        monkeypatch.setitem(sys.modules, "sky.exceptions", module)
+
+    def stopped_queue(**_):
+        raise ClusterNotUpError("No in-progress managed jobs.")
+
+    sky = types.SimpleNamespace(jobs=types.SimpleNamespace(queue_v2=stopped_queue), get=lambda request: request)
+    queue = cloud_jobs.sky_records(sky, [3, 4])
+    assert set(queue) == {3, 4} and not any(cloud_jobs.is_live(record) for record in queue.values())
+    assert cloud_jobs.status_text(queue[3]) == "ended (jobs controller stopped)"
+
+    def unreachable(**_):
+        raise ConnectionError("Could not connect to SkyPilot API server\nhint")
+
+    sky.jobs.queue_v2 = unreachable  # any other error: still one line, exit 2
+    with pytest.raises(cloud.CloudError, match="sky.jobs.queue_v2: Could not connect to SkyPilot API server$"):
+        cloud_jobs.sky_records(sky, [3])
 
 
 def test_a_submission_that_stops_part_way_is_completed_by_the_next(gcs, capsys, monkeypatch):
