@@ -31,7 +31,9 @@ COMMAND_HELP = {  # the sweep commands, one line each in --help
     "dry-run": "what run would do: runs to train, resume or skip; the cost",
     "run": "train the pending runs (resume interrupted ones), then summarise",
     "status": "counts per status, results table and the analysis so far",
-    "preflight": "compile every run for a TPU slice ahead of time (no TPU needed)",
+    "preflight": "compile every run for a TPU slice ahead of time (no TPU needed); with --workdir its "
+                 "estimates and choices are kept with the sweep (WORKDIR/<sweep>/preflight.json), where run, "
+                 "status and dry-run on any machine read them",
 }
 
 HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP overrides its address), "
@@ -135,6 +137,8 @@ def _add_options(sub, command: str) -> None:
                 ("--remat-search", "for each run that fits, also compile the cheaper remat policies (none < dots "
                                    "< full) and report the cheapest that fits (up to 2 more compiles a run)")):
             sub.add_argument(flag, action="store_true", help=text)
+        # Without --workdir the preflight keeps its estimates only in this machine's cache.
+        sub.set_defaults(workdir=None)
         sub.add_argument("--compile-cache", default=None, metavar="DIR",
                          help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
                               "only programs that changed; 'off' compiles everything (default: "
