@@ -448,11 +448,11 @@ def test_the_job_commands_work_after_the_jobs_controller_stopped(gcs, capsys, mo
     capsys.readouterr()
     assert launch.main(flags + ["--missing"]) == 0  # the shares with unfinished runs: resubmitted
     out = capsys.readouterr().out
-    assert "jobs controller is stopped" in out and "managed job 1 ended (jobs controller stopped)" in out
+    assert "jobs controller is stopped" in out and "managed job 1 ended (jobs controller stopped) with 3 run(s) unfinished" in out
     assert [name for _, name in controller.launched[2:]] == ["smoke-0-of-2", "smoke-1-of-2"]
     controller.stopped = True
     assert launch.main(sky_flags("--status", workdir=workdir)) == 0
-    assert capsys.readouterr().out.count("ended (jobs controller stopped)") == 4
+    assert capsys.readouterr().out.count("(jobs controller stopped)") == 4
     assert launch.main(sky_flags("--cancel", workdir=workdir)) == 0
     assert "no live job among the 4 recorded" in capsys.readouterr().out and controller.cancelled == []
 
@@ -476,7 +476,7 @@ def test_a_stopped_controller_is_no_live_job_at_the_sdk_boundary(monkeypatch):
     sky = types.SimpleNamespace(jobs=types.SimpleNamespace(queue_v2=stopped_queue), get=lambda request: request)
     queue = cloud_jobs.sky_records(sky, [3, 4])
     assert set(queue) == {3, 4} and not any(cloud_jobs.is_live(record) for record in queue.values())
-    assert cloud_jobs.status_text(queue[3]) == "ended (jobs controller stopped)"
+    assert cloud_jobs.status_text(queue[3]) == "(jobs controller stopped)"
 
     def unreachable(**_):
         raise ConnectionError("Could not connect to SkyPilot API server\nhint")

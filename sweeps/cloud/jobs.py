@@ -125,7 +125,7 @@ def status_text(record) -> str:
     if record is None:
         return "not in SkyPilot's queue"
     if record is CONTROLLER_STOPPED:
-        return "ended (jobs controller stopped)"
+        return "(jobs controller stopped)"
     status = record["status"].value if record["status"] is not None else "?"
     recoveries = record["recovery_count"] or 0
     return status + (f" ({recoveries} recoveries)" if recoveries else "")
