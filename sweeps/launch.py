@@ -346,7 +346,7 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     Opened only after the training runs are done, because wandb keeps one
     active run per process and the trainer's runs come first.
     """
-    from scaling.track import open_wandb_run
+    from scaling.track import finish_wandb_run, open_wandb_run
 
     run = open_wandb_run(sweep_dir, mode=sweep.base.wandb_mode, project=sweep.base.wandb_project, group=sweep.name,
                          job_type="sweep", name=f"{sweep.name}-sweep", id=f"sweep-{sweep.digest()}",
@@ -358,7 +358,7 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     columns = ["name", "run_id", "depth", "width", "params", "seed", "peak_lr", "status", "final_eval_loss"]
     table = wandb.Table(columns=columns, data=[[s.to_dict()[c] for c in columns] for s in states])
     run.log({"runs": table, **{f"runs_{status}": n for status, n in counts(states).items()}})
-    run.finish()
+    finish_wandb_run(run, sweep_dir)
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:

@@ -257,6 +257,33 @@ def test_dry_run_prints_each_of_four_shares_and_submits_nothing(capsys, monkeypa
     assert "dry run: nothing submitted" in out.splitlines()[-1]
 
 
+def test_the_wandb_key_reaches_the_hosts_as_a_secret_and_nowhere_else(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("sky")
+    key = "0123456789abcdef" * 2 + "01234567"
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    flags = sky_flags("--accelerator", "v5litepod-8", "--shares", "2", "--dry-run", "--infra", "gcp/us-west4")
+    _, jobs = plan("--accelerator", "v5litepod-8", "--shares", "2")
+    task = cloud.build_task(jobs[0])
+    assert task.secrets[cloud.WANDB_SECRET].get_secret_value() == key and cloud.WANDB_SECRET not in task.envs
+    assert key not in json.dumps(task.envs) and key not in str(jobs[0])  # nor in jobs.json, which records envs
+    assert launch.main(flags) == 0
+    out = capsys.readouterr().out
+    assert key not in out and out.count("  wandb: online (your WANDB_API_KEY, as a SkyPilot secret)") == 2
+
+    monkeypatch.delenv("WANDB_API_KEY")
+    assert not cloud.build_task(jobs[0]).secrets
+    assert launch.main(flags) == 0
+    assert "  wandb: offline (no WANDB_API_KEY here): each run's kept in the bucket" in capsys.readouterr().out
+
+
+def test_the_wandb_key_of_wandb_login_is_read_from_netrc(tmp_path):
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc123\n")
+    assert cloud.wandb_key({"HOME": str(tmp_path)}) == "abc123"
+    assert cloud.wandb_key({"HOME": str(tmp_path), "WANDB_API_KEY": "fromenv"}) == "fromenv"
+    assert cloud.wandb_key({"HOME": str(tmp_path / "nobody")}) is None
+
+
 def test_region_is_the_buckets(gcs, capsys, monkeypatch):
     """Without --infra the jobs are pinned to the region Cloud Storage reports for the bucket (the emulator
     says US-CENTRAL1); a multi-region bucket or one that cannot be read needs --infra."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import netrc
+import os
 import re
 import shlex
 from pathlib import Path
@@ -35,6 +37,7 @@ _TPU_PATTERN = re.compile(r"(?:tpu-)?(v\d+[a-z]*)-(\d+)")
 # SkyPilot's job_recovery strategy: relaunch in the region the job ran in (the default, EAGER_NEXT_REGION,
 # tears the slice down and tries every other allowed region first).
 RECOVERY_STRATEGY = "FAILOVER"
+WANDB_SECRET = "WANDB_API_KEY"  # passed to the hosts as a SkyPilot secret when the submitter has a key
 
 
 class CloudError(ValueError):
@@ -260,8 +263,25 @@ def import_sky():
     return sky
 
 
-def build_task(job: Job):
-    """``job`` as a ``sky.Task``: its task file parsed by SkyPilot, with the job's envs and resources."""
+def wandb_key(environ=None) -> str | None:
+    """The wandb API key of whoever submits: ``$WANDB_API_KEY``, else the one ``wandb login`` wrote to
+    ``~/.netrc`` (machine api.wandb.ai); None without one."""
+    environ = os.environ if environ is None else environ
+    if environ.get("WANDB_API_KEY"):
+        return environ["WANDB_API_KEY"]
+    try:
+        found = netrc.netrc(os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".netrc"))
+        login = found.authenticators("api.wandb.ai")
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return login[2] if login and login[2] else None
+
+
+def build_task(job: Job, environ=None):
+    """``job`` as a ``sky.Task``: its task file parsed by SkyPilot, with the job's envs and resources, and the
+    submitter's wandb key (``wandb_key``) as a SkyPilot secret: the hosts' wandb runs are then online, and the
+    key is kept out of the job's envs, logs and dashboard (without one they are offline and kept in the bucket,
+    ``scaling.track.finish_wandb_run``)."""
     sky = import_sky()
     import yaml  # a dependency of SkyPilot
 
@@ -269,7 +289,9 @@ def build_task(job: Job):
     config["name"] = job.name
     config["workdir"] = str(REPO)  # the file's `workdir: .` means the directory sky runs in
     config["resources"] = {**config.get("resources", {}), **job.resources}
-    return sky.Task.from_yaml_config(config, env_overrides=list(job.envs.items()))
+    key = wandb_key(environ)
+    return sky.Task.from_yaml_config(config, env_overrides=list(job.envs.items()),
+                                     secrets_overrides=[(WANDB_SECRET, key)] if key else None)
 
 
 def describe(job: Job, task, accelerator: Accelerator) -> str:
@@ -286,7 +308,10 @@ def describe(job: Job, task, accelerator: Accelerator) -> str:
              "on errors",
              f"  lock: {lockfile.summary(REPO / task.envs['LOCK'])}",
              f"  resources: {json.dumps(resources, sort_keys=True)}",
-             f"  envs: {shlex.join(f'{k}={v}' for k, v in job.envs.items())}"]
+             f"  envs: {shlex.join(f'{k}={v}' for k, v in job.envs.items())}",
+             "  wandb: " + ("online (your WANDB_API_KEY, as a SkyPilot secret)" if WANDB_SECRET in task.secrets else
+                            "offline (no WANDB_API_KEY here): each run's kept in the bucket, <run>/wandb/, for "
+                            "wandb sync")]
     where = {"tpu": "host", "gpu": "GPU"}[accelerator.kind]
     commands = job.launcher_commands(accelerator)
     for number, command in enumerate(commands):
