@@ -145,8 +145,10 @@ def save_with_sweep(path: str, runs, rows: list[dict], slice_name: str,
 class Kept:
     """The kept estimates one command reads (``load``): the sweep's file, this machine's cache, or none."""
 
-    def __init__(self, where: str | None, runs: dict | None = None, cache_directory: str | None = None):
+    def __init__(self, where: str | None, runs: dict | None = None, cache_directory: str | None = None,
+                 sweep_path: str | None = None):
         self.where, self.runs, self.cache_directory = where, runs, cache_directory
+        self.sweep_path = sweep_path  # the sweep's file looked for (absent unless ``with_sweep``)
 
     @property
     def with_sweep(self) -> bool:
@@ -173,8 +175,10 @@ class Kept:
         counts = f"{len(found)} of {len(runs)} runs estimated, parallelism chosen for {chosen}"
         if self.with_sweep:
             return f"preflight estimates: {self.where} (kept with the sweep; {counts})"
-        if self.where is None:
-            return "preflight estimates: none (no preflight kept any for this sweep)"
+        if not found:
+            cache = ", none in this machine's cache" if self.where else ""
+            return (f"preflight estimates: none (no {self.sweep_path or 'file with the sweep'}{cache}; "
+                    "preflight --workdir keeps them there)")
         return (f"preflight estimates: this machine's cache {self.where} ({counts}; other machines do not see it: "
                 "preflight --workdir WORKDIR keeps them with the sweep)")
 
@@ -182,12 +186,11 @@ class Kept:
 def load(workdir, sweep_name: str, cache_directory: str | None) -> Kept:
     """The estimates a command reads: ``<workdir>/<sweep>/preflight.json`` where it exists (every host reads the
     same), else the cache ``cache_directory`` on this machine, else none. ``ValueError`` for a damaged file."""
-    if workdir is not None:
-        path = sweep_file(workdir, sweep_name)
-        runs = _read_sweep_file(path)
-        if runs is not None:
-            return Kept(path, runs)
-    return Kept(cache_directory, cache_directory=cache_directory)
+    path = None if workdir is None else sweep_file(workdir, sweep_name)
+    runs = None if path is None else _read_sweep_file(path)
+    if runs is not None:
+        return Kept(path, runs, sweep_path=path)
+    return Kept(cache_directory, cache_directory=cache_directory, sweep_path=path)
 
 
 def latest(cache_directory: str | None, run_id: str) -> dict | None:
