@@ -316,6 +316,42 @@ def test_region_is_the_buckets(gcs, capsys, monkeypatch):
     assert err.count("\n") == 1 and "--infra gcp/REGION" in err and "could not read the location" in err
 
 
+def test_an_explicit_region_must_be_the_buckets(gcs, capsys):
+    """The emulator's buckets are in US-CENTRAL1: --infra names that region, or the job is refused."""
+    pytest.importorskip("sky")
+    flags = sky_flags("--accelerator", "H100:2", "--dry-run", workdir=f"{gcs}/sweeps")
+    assert launch.main(flags + ["--infra", "gcp/us-west4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bucket is in us-central1" in err and "--infra gcp/us-central1" in err
+    assert launch.main(flags + ["--infra", "gcp/us-central1"]) == 0
+
+
+def test_a_region_without_the_accelerator_is_refused_by_skypilots_catalog(tmp_path):
+    from sweeps.cloud import regions
+    from test_prices import write_catalog
+
+    assert regions.check_offered("tpu-v6e-8", "gcp/us-west4", home=str(tmp_path)).startswith("note: not checked")
+    write_catalog(tmp_path)
+    with pytest.raises(ValueError, match="tpu-v6e-8: not offered in us-west4 .* it is in us-central1, us-central2"):
+        regions.check_offered("tpu-v6e-8", "gcp/us-west4", home=str(tmp_path))
+    assert "offered in us-east5" in regions.check_offered("tpu-v5litepod-8", "gcp/us-east5/us-east5-a",
+                                                          home=str(tmp_path))
+    assert "offered in us-east4" in regions.check_offered("H100", "gcp/us-east4", home=str(tmp_path))
+    with pytest.raises(ValueError, match="tpu-v4-8: not in SkyPilot's catalog"):
+        regions.check_offered("tpu-v4-8", "gcp/us-central2", home=str(tmp_path))
+
+
+def test_an_infra_region_outside_the_buckets_multi_region_is_refused():
+    from sweeps.cloud import regions
+
+    regions.check_infra_region("us-east5", "US", "multi-region", "gs://b")
+    regions.check_infra_region("us-east5", "NAM4", "dual-region", "gs://b")  # not checked
+    with pytest.raises(ValueError, match="multi-region EU; name a region in it"):
+        regions.check_infra_region("us-east5", "EU", "multi-region", "gs://b")
+    with pytest.raises(ValueError, match="bucket is in us-west4"):
+        regions.check_infra_region("us-east5", "US-WEST4", "region", "gs://b")
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--accelerator", "H100:8", "--shares", "4"], "--shares 4: 4 job(s) × 8 launcher(s) (one per GPU) = 32 "
      "launchers, but the sweep has only 6 runs (26 would idle on billed GPUs); use --shares 1 with --gpu-mode mesh"),
@@ -337,7 +373,7 @@ def test_one_share_wider_than_the_sweep_is_a_note(capsys):
     assert out.startswith("note: 1 job(s) × 8 launcher(s) (one per GPU) = 8 launchers for 6 runs: 2 would idle")
     assert launch.main(sky_flags("--accelerator", "H100:8", "--gpu-mode", "mesh", "--shares", "6", "--dry-run",
                                  "--infra", "gcp/us-west4")) == 0  # one launcher per job: 6 for 6 runs
-    assert "note:" not in capsys.readouterr().out
+    assert "launchers for" not in capsys.readouterr().out
 
 
 def write_record(run, workdir):

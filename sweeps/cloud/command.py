@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 
 from sweeps.cloud import jobs as jobs_record
+from sweeps.cloud import regions
 from sweeps.cloud.tasks import build_task, check_shares, describe, import_sky, plan, resolve_infra, selected_runs
 
 
@@ -67,7 +68,10 @@ def cmd_sky(sweep, args) -> int:
     runs = selected_runs(sweep, args.only)
     note = None if args.check else check_shares(args.shares, accelerator, jobs[0].envs["MODE"], len(runs))
     import_sky()  # before asking the bucket for its region: without SkyPilot, say what to install
-    infra = resolve_infra(args.infra, args.workdir)  # last: it may ask Cloud Storage
+    notes = []  # what could not be checked, printed after the jobs
+    infra = resolve_infra(args.infra, args.workdir, notes)  # last: it may ask Cloud Storage
+    offered = regions.check_offered(accelerator.name.split(":")[0], infra)  # ValueError where it is not
+    notes += [offered] if offered.startswith("note:") else []
     jobs = [dataclasses.replace(job, resources={**job.resources, "infra": infra}) for job in jobs]
     tasks = [build_task(job) for job in jobs]
     if note:
@@ -75,7 +79,9 @@ def cmd_sky(sweep, args) -> int:
     if args.dry_run:
         for job, task in zip(jobs, tasks):
             print(describe(job, task, accelerator))
+        print("\n".join(notes + [""]), end="")
         print(f"dry run: nothing submitted; without --dry-run this submits, with sky.jobs.launch, those of these "
               f"{len(jobs)} task(s) whose share has no live job in {jobs_record.jobs_path(args.workdir, sweep.name)}")
         return 0
+    print("\n".join(notes + [""]), end="")
     return jobs_record.submit(sweep, args, accelerator, jobs, tasks, runs)

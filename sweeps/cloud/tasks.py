@@ -21,7 +21,7 @@ from pathlib import Path
 
 from scaling.storage import is_remote
 from sweeps import hosts
-from sweeps.cloud import lockfile
+from sweeps.cloud import lockfile, regions
 from sweeps import spec as spec_lib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,7 +221,7 @@ def bucket_location(workdir: str) -> tuple[str, str]:
     return bucket.location or "", (bucket.location_type or "").lower()
 
 
-def resolve_infra(infra: str | None, workdir: str) -> str:
+def resolve_infra(infra: str | None, workdir: str, notes: list | None = None) -> str:
     """``gcp/<region>[/<zone>]`` for the jobs: ``infra`` if it names a region, else the bucket's region.
 
     The work directory is a ``gs://`` bucket, so the cloud is GCP; the region
@@ -235,6 +235,13 @@ def resolve_infra(infra: str | None, workdir: str) -> str:
         raise CloudError(f"--infra {infra}: the work directory is a gs:// bucket, so the jobs run on GCP "
                          "(--infra gcp/REGION, the bucket's region)")
     if len(parts) >= 2:
+        try:
+            location, kind = bucket_location(workdir)
+        except Exception as error:  # noqa: BLE001 - no credentials here, say: the named region is taken as is
+            (notes if notes is not None else []).append(
+                f"note: --infra {infra} not compared with {workdir}'s region ({first_line(error)})")
+        else:
+            regions.check_infra_region(parts[1], location, kind, workdir)
         return "/".join(["gcp", *parts[1:]])
     example = "--infra gcp/REGION with the bucket's region (e.g. gcp/us-west4)"
     try:
