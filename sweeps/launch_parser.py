@@ -215,5 +215,7 @@ def _add_sky(commands) -> None:
     acts.add_argument("--status", action="store_true",
                       help="this sweep's recorded jobs: SkyPilot's state beside the bucket's run counts per share")
     acts.add_argument("--logs", metavar="JOB",
-                      help="one recorded job's log, by share index, job name, job id, or 'check'")
+                      help="one recorded job's log, by share index, job name, job id, or 'check'; exits with "
+                           "SkyPilot's code for the job: 0 SUCCEEDED, 100 FAILED (its other codes: "
+                           "sky.exceptions.JobExitCode)")
     acts.add_argument("--cancel", action="store_true", help="cancel this sweep's live recorded jobs (by id)")

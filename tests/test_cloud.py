@@ -252,7 +252,7 @@ def test_dry_run_prints_each_of_four_shares_and_submits_nothing(capsys, monkeypa
         assert resources["infra"] == "gcp/us-west4" and resources["job_recovery"]["strategy"] == "FAILOVER"
         assert f"SHARD={index} SHARES=4 MODE=host-parallel" in lines[4] and "LOCK=constraints.txt" in lines[4]
         run_lines = [line for line in lines if line.startswith("  run: ")]
-        assert run_lines == [f"  run: python -m sweeps.launch run {SWEEP} --workdir gs://bucket/sweeps --shard "
+        assert run_lines == [f"  run: ~/scaling-venv/bin/python -m sweeps.launch run {SWEEP} --workdir gs://bucket/sweeps --shard "
                              f"{index}/4 --set data.cache_dir=gs://bucket/tokens/c4"]
     assert "dry run: nothing submitted" in out.splitlines()[-1]
 
@@ -602,6 +602,22 @@ def test_status_logs_and_cancel_act_on_this_sweeps_jobs_by_id(gcs, capsys, monke
     assert "cancelled 1 job(s): smoke-0-of-2 #1" in capsys.readouterr().out
 
 
+def test_an_installed_copy_says_sky_needs_a_clone(tmp_path, monkeypatch):
+    monkeypatch.setattr(cloud, "REPO", tmp_path / "site-packages")  # `pip install .`: no pyproject.toml beside it
+    with pytest.raises(cloud.CloudError, match="an installed copy of the project, not its repository; sky needs a "
+                                               "clone"):
+        plan("--accelerator", "v5litepod-8")
+
+
+def test_tpu_readme_says_what_one_hosts_exit_does_to_the_others():
+    """SkyPilot ends every host's run when one host's exits non-zero (sky/backends/task_codegen.py)."""
+    table = (REPO / "tpu" / "README.md").read_text().split("## Preemptions and failures", 1)[1].split("\n## ", 1)[0]
+    row_75 = next(line for line in table.splitlines() if line.startswith("| launcher exits 75"))
+    assert "other hosts" in row_75 and "--when-busy exit" in row_75
+    row_1 = next(line for line in table.splitlines() if line.startswith("| launcher exits 1"))
+    assert "other hosts" in row_1
+
+
 def test_without_skypilot_says_what_to_install(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "sky", None)  # `import sky` raises ImportError
     assert launch.main(sky_flags("--accelerator", "v5litepod-8", "--dry-run")) == 2
@@ -652,5 +668,6 @@ def test_parse_accelerator(text, kind, name, hosts, runtime):
 def test_help_explains_the_command():
     done = helpers.run_module("sweeps.launch", "sky", "--help", timeout=60)
     assert done.returncode == 0
+    assert "100 FAILED" in " ".join(done.stdout.split())  # what --logs exits with
     for flag in ("--accelerator", "--shares", "--spot", "--dry-run", "--pod-wide", "managed jobs"):
         assert flag in done.stdout

@@ -8,8 +8,8 @@
 3. The task's ``run`` script runs with bash for each of the slice's 4 hosts, as local processes with the
    variables SkyPilot sets on each (``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_IPS``, ...),
    each with its own home (``~/scaling-venv/bin/python`` is this interpreter) and 4 CPU devices for its chips.
-   Host 0 is killed (SIGKILL, a preempted host) in the middle of a run; SkyPilot then stops the other hosts
-   (SIGTERM) and FAILOVER relaunches the job where it ran: the run script again on every host.
+   Host 0 is killed (SIGKILL, a preempted host) in the middle of a run; SkyPilot then kills the other hosts
+   too, and FAILOVER relaunches the job where it ran: the run script again on every host.
 4. ``status`` from a third process, then ``analysis fit`` and ``analysis curves`` straight from the bucket.
 
 Every run trains exactly once (one record, one metrics row per step), in the mode the preflight chose, with
@@ -132,9 +132,9 @@ def test_the_pod_path_from_preflight_to_fit(gcs, gcs_emulator, tmp_path, monkeyp
     try:
         wait_for(pause, procs, tmp_path)
         os.killpg(procs[0].pid, signal.SIGKILL)  # host 0 preempted in the middle of its run
-        for proc in procs[1:]:  # SkyPilot stops the job's other hosts
+        for proc in procs[1:]:  # SkyPilot then kills the job's other hosts (force: exit 137, no checkpoint saved)
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGKILL)
         assert [wait_group(proc) for proc in procs][0] == -signal.SIGKILL
         # FAILOVER: the job again where it ran, setup and run on every host.
         procs = [start_host(task, rank, tmp_path, base, 1) for rank in range(HOSTS)]

@@ -25,6 +25,7 @@ from sweeps.cloud import lockfile, regions
 from sweeps import spec as spec_lib
 
 REPO = Path(__file__).resolve().parents[2]
+HOST_PYTHON = "~/scaling-venv/bin/python"  # the hosts' Python: the venv the task files' setup makes
 TASK_FILES = {"tpu": REPO / "tpu" / "sweep.sky.yaml", "gpu": REPO / "gpu" / "sweep.sky.yaml"}
 INSTALL_HINT = 'needs SkyPilot: pip install -e ".[cloud]", then `sky check` to set up cloud access'
 # TPU VM software per family, as `gcloud compute tpus tpu-vm create --version`; SkyPilot's own default
@@ -143,6 +144,9 @@ def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
                          "and --shares 1")
     if args.gpu_mode != "per-gpu" and accelerator.kind != "gpu":
         raise CloudError("--gpu-mode is for GPU accelerators (e.g. H100:8)")
+    if not (REPO / "pyproject.toml").exists():  # a `pip install .` copy: no task files, lock or sweep files
+        raise CloudError(f"{REPO}: an installed copy of the project, not its repository; sky needs a clone (git "
+                         "clone, then pip install -e .), whose working tree SkyPilot copies to the hosts")
     if not lockfile.LOCK_FILE.exists():
         raise CloudError(f"{lockfile.LOCK_FILE}: missing; the hosts install with it (python -m sweeps.lockfile)")
     mode = "pod-wide" if args.pod_wide else ("host-parallel" if accelerator.kind == "tpu" else args.gpu_mode)
@@ -323,7 +327,7 @@ def describe(job: Job, task, accelerator: Accelerator) -> str:
     commands = job.launcher_commands(accelerator)
     for number, command in enumerate(commands):
         label = f"{where} {number}: " if len(commands) > 1 else ""
-        lines.append(f"  run: {label}{command}")
+        lines.append(f"  run: {label}{command.replace('python -m ', f'{HOST_PYTHON} -m ', 1)}")
     return "\n".join(lines)
 
 
