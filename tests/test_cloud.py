@@ -252,8 +252,8 @@ def test_dry_run_prints_each_of_four_shares_and_submits_nothing(capsys, monkeypa
         assert resources["infra"] == "gcp/us-west4" and resources["job_recovery"]["strategy"] == "FAILOVER"
         assert f"SHARD={index} SHARES=4 MODE=host-parallel" in lines[4] and "LOCK=constraints.txt" in lines[4]
         run_lines = [line for line in lines if line.startswith("  run: ")]
-        assert run_lines == [f"  run: ~/scaling-venv/bin/python -m sweeps.launch run {SWEEP} --workdir gs://bucket/sweeps --shard "
-                             f"{index}/4 --set data.cache_dir=gs://bucket/tokens/c4"]
+        assert run_lines == [f"  run: ~/scaling-venv/bin/python -m sweeps.launch run {SWEEP} --workdir "
+                             f"gs://bucket/sweeps --shard {index}/4 --set data.cache_dir=gs://bucket/tokens/c4"]
     assert "dry run: nothing submitted" in out.splitlines()[-1]
 
 
@@ -511,7 +511,8 @@ def test_the_job_commands_work_after_the_jobs_controller_stopped(gcs, capsys, mo
     capsys.readouterr()
     assert launch.main(flags + ["--missing"]) == 0  # the shares with unfinished runs: resubmitted
     out = capsys.readouterr().out
-    assert "jobs controller is stopped" in out and "managed job 1 ended (jobs controller stopped) with 3 run(s) unfinished" in out
+    assert "jobs controller is stopped" in out
+    assert "managed job 1 ended (jobs controller stopped) with 3 run(s) unfinished" in out
     assert [name for _, name in controller.launched[2:]] == ["smoke-0-of-2", "smoke-1-of-2"]
     controller.stopped = True
     assert launch.main(sky_flags("--status", workdir=workdir)) == 0

@@ -104,7 +104,8 @@ def preflight_and_task(workdir: str, monkeypatch, capsys):
     built = []
     real_build = command.build_task
     monkeypatch.setattr(command, "build_task", lambda job: built.append(real_build(job)) or built[-1])
-    assert launch.main(["sky", str(REPO / SWEEP), "--workdir", workdir, "--accelerator", "v5litepod-16", "--dry-run"]) == 0
+    sky_flags = ["sky", str(REPO / SWEEP), "--workdir", workdir, "--accelerator", "v5litepod-16", "--dry-run"]
+    assert launch.main(sky_flags) == 0
     out = capsys.readouterr().out
     assert "4 hosts" in out and "recovery: FAILOVER" in out and "dry run: nothing submitted" in out
     (task,) = built
