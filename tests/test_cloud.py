@@ -294,6 +294,7 @@ def test_region_is_the_buckets(gcs, capsys, monkeypatch):
     assert launch.main(flags) == 0
     out = capsys.readouterr().out
     assert out.count("  region: us-central1 (infra gcp/us-central1); recovery: FAILOVER") == 3, out
+    assert f"preflight estimates: none (no {gcs}/sweeps/smoke/preflight.json" in out  # what the hosts will read
     assert launch.main(flags + ["--infra", "gcp"]) == 0  # a cloud without a region: the bucket's region too
     assert "infra gcp/us-central1" in capsys.readouterr().out
     assert launch.main(flags + ["--infra", "aws/us-east-1"]) == 2

@@ -108,6 +108,7 @@ def preflight_and_task(workdir: str, monkeypatch, capsys):
     assert launch.main(sky_flags) == 0
     out = capsys.readouterr().out
     assert "4 hosts" in out and "recovery: FAILOVER" in out and "dry run: nothing submitted" in out
+    assert f"preflight estimates: {kept_file} (kept with the sweep; 4 of 4 runs estimated" in out
     (task,) = built
     assert task.envs["WORKDIR"] == workdir and task.envs["SWEEP"] == SWEEP and task.envs["MODE"] == "host-parallel"
     return kept_file, task

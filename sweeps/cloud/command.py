@@ -57,7 +57,22 @@ import dataclasses
 
 from sweeps.cloud import jobs as jobs_record
 from sweeps.cloud import regions
-from sweeps.cloud.tasks import build_task, check_shares, describe, import_sky, plan, resolve_infra, selected_runs
+from sweeps.cloud.tasks import (build_task, check_shares, describe, first_line, import_sky, plan, resolve_infra,
+                                selected_runs)
+
+
+def preflight_line(workdir: str, sweep_name: str, runs: list) -> str:
+    """Whether the hosts will find the preflight's estimates and choices with the sweep in the bucket (they
+    never see the submitting machine's cache): ``estimate_store.Kept.describe``'s line, or why it is unknown."""
+    from scaling.storage import check_access
+    from sweeps.preflight import estimate_store
+
+    try:
+        check_access(workdir)  # one line in seconds where the bucket cannot be read from here
+        kept = estimate_store.load(workdir, sweep_name, None)
+    except (OSError, ValueError) as error:
+        return f"note: the hosts' preflight estimates not looked for ({first_line(error)})"
+    return kept.describe(runs)
 
 
 def cmd_sky(sweep, args) -> int:
@@ -71,7 +86,7 @@ def cmd_sky(sweep, args) -> int:
     notes = []  # what could not be checked, printed after the jobs
     infra = resolve_infra(args.infra, args.workdir, notes)  # last: it may ask Cloud Storage
     offered = regions.check_offered(accelerator.name.split(":")[0], infra)  # ValueError where it is not
-    notes += [offered] if offered.startswith("note:") else []
+    notes += ([offered] if offered.startswith("note:") else []) + [preflight_line(args.workdir, sweep.name, runs)]
     jobs = [dataclasses.replace(job, resources={**job.resources, "infra": infra}) for job in jobs]
     tasks = [build_task(job) for job in jobs]
     if note:
