@@ -5,7 +5,8 @@ token cache, the analysis) is an ``etils.epath.Path``, local or ``gs://``.
 What epath cannot say is here, and only here, written with the fsspec
 filesystem under it: an upload in one request (``write_atomic``), one
 listing of a whole tree (``find``) or of a folder's sizes (``file_sizes``),
-exact byte ranges fetched together (``read_ranges``), and moving a folder.
+exact byte ranges fetched together (``read_ranges``), moving a folder, and
+copying a local folder there (``copy_folder_to``).
 ``gs://`` paths reach Cloud Storage through three client stacks:
 
 - ``etils.epath`` (and fsspec, here) through **gcsfs** (records, metrics, token cache, analysis);
@@ -162,6 +163,17 @@ def move_folder(source, destination) -> None:
     if fs.exists(destination_path):
         raise FileExistsError(f"{destination} already exists; cannot move {source} there")
     fs.mv(source_path, destination_path, recursive=True)
+    fs.invalidate_cache()
+
+
+def copy_folder_to(source, destination) -> None:
+    """Copy the local folder ``source`` (with everything under it) to ``destination``, local or an object
+    store's prefix (one upload per file; what is there already is replaced)."""
+    if not is_remote(destination):
+        shutil.copytree(os.fspath(source), os.fspath(destination), dirs_exist_ok=True)
+        return
+    fs, destination_path = _filesystem(os.fspath(destination))
+    fs.put(os.fspath(source).rstrip("/") + "/", destination_path.rstrip("/") + "/", recursive=True)
     fs.invalidate_cache()
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -190,7 +192,7 @@ class Tracker:
                 self.bar = None
             if self.wandb_run is not None:
                 run, self.wandb_run = self.wandb_run, None
-                run.finish(exit_code=exit_code)
+                finish_wandb_run(run, self.run_dir, exit_code)
 
 
 def open_wandb_run(directory, *, mode: str, **fields):
@@ -203,9 +205,30 @@ def open_wandb_run(directory, *, mode: str, **fields):
         return None
     import wandb
 
+    # A gs:// run's files are written to a local folder first (wandb writes only local files), and
+    # finish_wandb_run copies an offline run's beside the run's records.
+    local = tempfile.mkdtemp(prefix="scaling-wandb-") if is_remote(directory) else str(directory)
     # create_new: the runs of a pack (scaling.train.run_pack) are open at once, each its own wandb run.
-    return _init_wandb(dict(resume="allow", mode=mode, dir=None if is_remote(directory) else str(directory),
-                            reinit="create_new", settings=wandb.Settings(silent=True, console="off"), **fields))
+    return _init_wandb(dict(resume="allow", mode=mode, dir=local, reinit="create_new",
+                            settings=wandb.Settings(silent=True, console="off"), **fields))
+
+
+def finish_wandb_run(run, directory, exit_code: int = 0) -> None:
+    """Finish the wandb ``run`` opened for ``directory`` (``open_wandb_run``). An offline run of a ``gs://``
+    directory is then copied there, to ``<directory>/wandb/offline-run-.../``: the disk it was written to
+    (a cloud slice's) goes with the machine, the bucket stays, and ``wandb sync`` uploads it later."""
+    folder = pathlib.Path(run.dir).parent  # <dir>/wandb/offline-run-<time>-<id>, holding files/ and run-<id>.wandb
+    run.finish(exit_code=exit_code)
+    if not (is_remote(directory) and run.offline):
+        return
+    from scaling.storage import copy_folder_to
+
+    try:
+        copy_folder_to(folder, f"{os.fspath(directory).rstrip('/')}/wandb/{folder.name}")
+    except OSError as error:  # the records and metrics.jsonl hold everything: never fail a run over this
+        print(f"warning: offline wandb run {folder} not copied to {directory}: {error}", file=sys.stderr)
+        return
+    shutil.rmtree(folder.parent.parent, ignore_errors=True)  # open_wandb_run's local folder
 
 
 def _init_wandb(kwargs: dict, attempts: int = 6, wait_seconds: float = 5.0):

@@ -60,10 +60,11 @@ import sys
 
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
-from sweeps import cloud, hosts, packing
+from sweeps import hosts, packing
 from sweeps import spec as spec_lib
+from sweeps.cloud import command as cloud_command
 from sweeps.launch_parser import build_parser
-from sweeps.preflight_plan import planned_runs, preflight_estimates
+from sweeps.preflight_plan import kept_estimates, planned_runs, preflight_estimates
 from sweeps.spec import RunSpec, Sweep
 from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_states, run_table,
                           skipped_lines, summary, text_table, unreadable_lines)
@@ -171,14 +172,15 @@ def _action(state: RunState) -> str:
 
 
 def cmd_dry_run(sweep: Sweep, args) -> int:
-    from sweeps.preflight import compile_cache, estimate_store, prices, sweep_cost
+    from sweeps.preflight import prices, sweep_cost
 
     runs, skipped, which, states = _read_share(sweep, args, allow_env=True)
     todo = [s for s in states if s.status in TO_TRAIN]
     pack = pack_size(sweep, args)
     packs = plan_from_states(states, pack)
     flops, tokens = sum(s.spec.flops for s in todo), sum(s.spec.tokens for s in todo)
-    estimates = estimate_store.latest_for(compile_cache.default_directory(None), [s.spec for s in todo])
+    kept = kept_estimates(args.workdir, sweep.name)
+    estimates = kept.latest_for([s.spec for s in todo])
     plan = sweep_cost.plan([s.spec for s in todo], sweep, _throughput(read_states(runs, args.workdir)), estimates,
                            sweep_cost.canonical_device(getattr(args, "device", None)),
                            prices.load_prices(getattr(args, "prices", None)))
@@ -191,7 +193,7 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
                           "tokens": tokens, "flops": flops, "device_hours": slow,
                           "speed_flops_per_second": flops / slow / 3600 if slow else None, **extra,
                           "device": plan.device, "preflight_runs": plan.preflight_runs, "cost": plan.cost,
-                          "pack_size": pack, "packs": [p.describe() for p in packs],
+                          "pack_size": pack, "packs": [p.describe() for p in packs], "preflight_estimates": kept.where,
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"dry run of sweep {sweep.name}: {which}")
@@ -212,6 +214,7 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     print(f"cost: {tokens:.3g} training tokens, ≈{flops:.2g} FLOPs "
           f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {plan.duration()} at {plan.how}")
     print(plan.price_line)
+    print(kept.describe([s.spec for s in states]))
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
@@ -226,6 +229,7 @@ def cmd_status(sweep: Sweep, args) -> int:
     print(summary(sweep, states, args.workdir, _shown_packs(plan_from_states(states, pack), pack)))
     for line in unreadable_lines(states):
         print(line)
+    print(kept_estimates(args.workdir, sweep.name).describe([s.spec for s in states]))
     return 0
 
 
@@ -262,10 +266,13 @@ def cmd_run(sweep: Sweep, args) -> int:
     pack = pack_size(sweep, args)
     # The preflight's choice (parallelism="auto": a mesh, or a pack of one run per chip) unless packs are asked
     # for (--pack, the sweep's pack): those keep their meshes.
-    specs, modes, sizes = planned_runs(sweep, [state.spec for state in todo]) if pack == 1 else (
+    kept = kept_estimates(args.workdir, sweep.name)
+    if todo:
+        say(kept.describe([state.spec for state in todo]))
+    specs, modes, sizes = planned_runs(sweep, [state.spec for state in todo], kept) if pack == 1 else (
         [state.spec for state in todo], {}, {})
     loop = RunLoop(args.workdir, say, show_progress=main_process and not args.no_progress, when_busy=args.when_busy,
-                   train_arguments=preflight_estimates(modes))  # each run's record keeps the preflight's estimate
+                   train_arguments=preflight_estimates(kept, modes))  # each record keeps the preflight's estimate
     pack = max([pack, *sizes.values()])
     if pack > 1:
         size_of = (lambda run: sizes.get(run.run_id, 1)) if sizes else None  # the preflight's packs
@@ -339,7 +346,7 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     Opened only after the training runs are done, because wandb keeps one
     active run per process and the trainer's runs come first.
     """
-    from scaling.track import open_wandb_run
+    from scaling.track import finish_wandb_run, open_wandb_run
 
     run = open_wandb_run(sweep_dir, mode=sweep.base.wandb_mode, project=sweep.base.wandb_project, group=sweep.name,
                          job_type="sweep", name=f"{sweep.name}-sweep", id=f"sweep-{sweep.digest()}",
@@ -351,7 +358,7 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     columns = ["name", "run_id", "depth", "width", "params", "seed", "peak_lr", "status", "final_eval_loss"]
     table = wandb.Table(columns=columns, data=[[s.to_dict()[c] for c in columns] for s in states])
     run.log({"runs": table, **{f"runs_{status}": n for status, n in counts(states).items()}})
-    run.finish()
+    finish_wandb_run(run, sweep_dir)
 
 
 def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
@@ -408,9 +415,12 @@ def cmd_hosts(args) -> int:
 
 def cmd_preflight(sweep: Sweep, args) -> int:
     from sweeps import preflight
+    from sweeps.preflight import estimate_store
 
     runs, _ = sweep.expand()
     mine, _ = _my_runs(runs, args.shard, args)
+    # With --workdir the estimates and choices are kept with the sweep too, where every host reads them.
+    args.sweep_estimates = None if args.workdir is None else estimate_store.sweep_file(args.workdir, sweep.name)
     if args.jobs is None:
         args.jobs = preflight.default_jobs()
     elif args.jobs < 1:
@@ -431,7 +441,7 @@ def _resolve_workdir(text: str) -> str:
 # The sweep commands; those that read or write the work directory here come first (preflight does not; sky's is
 # read by the cluster).
 COMMANDS = {"list": cmd_list, "dry-run": cmd_dry_run, "run": cmd_run, "status": cmd_status,
-            "preflight": cmd_preflight, "sky": cloud.cmd_sky}
+            "preflight": cmd_preflight, "sky": cloud_command.cmd_sky}
 STORAGE_COMMANDS = ("list", "dry-run", "run", "status")
 
 
@@ -445,8 +455,9 @@ def main(argv=None) -> int:
     try:
         if args.command == "hosts":
             return cmd_hosts(args)
-        args.workdir = _resolve_workdir(args.workdir)
-        if args.command in STORAGE_COMMANDS:
+        if args.workdir is not None:  # preflight's is optional
+            args.workdir = _resolve_workdir(args.workdir)
+        if args.command in STORAGE_COMMANDS or (args.command == "preflight" and args.workdir is not None):
             check_access(args.workdir)
         sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
         code = COMMANDS[args.command](sweep, args)

@@ -31,7 +31,9 @@ COMMAND_HELP = {  # the sweep commands, one line each in --help
     "dry-run": "what run would do: runs to train, resume or skip; the cost",
     "run": "train the pending runs (resume interrupted ones), then summarise",
     "status": "counts per status, results table and the analysis so far",
-    "preflight": "compile every run for a TPU slice ahead of time (no TPU needed)",
+    "preflight": "compile every run for a TPU slice ahead of time (no TPU needed); with --workdir its "
+                 "estimates and choices are kept with the sweep (WORKDIR/<sweep>/preflight.json), where run, "
+                 "status and dry-run on any machine read them",
 }
 
 HOSTS_EPILOG = ("Reads the GCE metadata server on Cloud TPU VMs (GCE_METADATA_IP overrides its address), "
@@ -135,6 +137,8 @@ def _add_options(sub, command: str) -> None:
                 ("--remat-search", "for each run that fits, also compile the cheaper remat policies (none < dots "
                                    "< full) and report the cheapest that fits (up to 2 more compiles a run)")):
             sub.add_argument(flag, action="store_true", help=text)
+        # Without --workdir the preflight keeps its estimates only in this machine's cache.
+        sub.set_defaults(workdir=None)
         sub.add_argument("--compile-cache", default=None, metavar="DIR",
                          help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
                               "only programs that changed; 'off' compiles everything (default: "
@@ -164,7 +168,7 @@ SKY_DESCRIPTION = (
 
 
 def _add_sky(commands) -> None:
-    """The ``sky`` command (``sweeps/cloud.py``)."""
+    """The ``sky`` command (``sweeps/cloud/command.py``)."""
     help_text = "launch the shares as SkyPilot managed jobs (needs .[cloud])"
     sub = commands.add_parser("sky", help=help_text, description=SKY_DESCRIPTION)
     sub.add_argument("sweep_file", metavar="SWEEP_FILE",
@@ -211,5 +215,7 @@ def _add_sky(commands) -> None:
     acts.add_argument("--status", action="store_true",
                       help="this sweep's recorded jobs: SkyPilot's state beside the bucket's run counts per share")
     acts.add_argument("--logs", metavar="JOB",
-                      help="one recorded job's log, by share index, job name, job id, or 'check'")
+                      help="one recorded job's log, by share index, job name, job id, or 'check'; exits with "
+                           "SkyPilot's code for the job: 0 SUCCEEDED, 100 FAILED (its other codes: "
+                           "sky.exceptions.JobExitCode)")
     acts.add_argument("--cancel", action="store_true", help="cancel this sweep's live recorded jobs (by id)")

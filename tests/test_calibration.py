@@ -34,14 +34,19 @@ def test_a_real_preflight_estimate_reaches_dry_run_the_record_and_status(tmp_pat
     cache, workdir = tmp_path / "preflight-cache", tmp_path / "runs"
     monkeypatch.setenv("HOME", str(tmp_path))  # prices from the shipped table
     code, report = launch_json("preflight", str(sweep_file), "--topology", "v5e:2x2", "--jobs", "1",
-                               "--compile-cache", str(cache), "--json")
+                               "--compile-cache", str(cache), "--json", "--workdir", str(workdir))
     assert code == 0
     row, summary = report["runs"][0], report["summary"]
     assert row["fits"] and row["estimated_step_seconds"] > 0 and summary["estimates_kept"] == 1
+    # Kept with the sweep, and in this machine's cache as a copy.
+    assert summary["estimates_file"] == str(workdir / "calib" / "preflight.json")
+    kept = json.loads((workdir / "calib" / "preflight.json").read_text())["runs"]
+    assert kept == {load_sweep(str(sweep_file)).expand().runs[0].run_id: json.loads(
+        next((cache / "estimates").glob("*.json")).read_text())}
     # Priced over the two estimates' range (the compiler's end only where it gave one).
     low, high = summary["chip_hours_low"], summary["chip_hours_high"] or summary["chip_hours_low"]
     assert summary["cost"]["device"] == "v5e" and summary["cost"]["usd_on_demand"] == pytest.approx(
-        [low * 1.20, high * 1.20])
+        [low * 1.20, high * 1.416])
     assert "sweeps/preflight/price_table.py" in summary["price_line"]
     assert summary["price_line"] in preflight_table.format_table(report["runs"], summary).splitlines()
 

@@ -1,4 +1,4 @@
-"""SkyPilot task files and ``python -m sweeps.launch sky`` (sweeps/cloud.py).
+"""SkyPilot task files and ``python -m sweeps.launch sky`` (sweeps/cloud/).
 
 Three layers, none of which needs cloud credentials or a network:
 * the task files, parsed by SkyPilot's own parser (``sky.Task.from_yaml_config``,
@@ -30,7 +30,10 @@ import yaml
 
 import helpers
 from helpers import REPO
-from sweeps import cloud, cloud_jobs, launch, lockfile
+from sweeps import launch
+from sweeps.cloud import jobs as cloud_jobs
+from sweeps.cloud import lockfile
+from sweeps.cloud import tasks as cloud
 
 SWEEP = "sweeps/configs/smoke.py"  # 6 runs
 TPU_TASK, GPU_TASK = cloud.TASK_FILES["tpu"], cloud.TASK_FILES["gpu"]
@@ -249,9 +252,36 @@ def test_dry_run_prints_each_of_four_shares_and_submits_nothing(capsys, monkeypa
         assert resources["infra"] == "gcp/us-west4" and resources["job_recovery"]["strategy"] == "FAILOVER"
         assert f"SHARD={index} SHARES=4 MODE=host-parallel" in lines[4] and "LOCK=constraints.txt" in lines[4]
         run_lines = [line for line in lines if line.startswith("  run: ")]
-        assert run_lines == [f"  run: python -m sweeps.launch run {SWEEP} --workdir gs://bucket/sweeps --shard "
-                             f"{index}/4 --set data.cache_dir=gs://bucket/tokens/c4"]
+        assert run_lines == [f"  run: ~/scaling-venv/bin/python -m sweeps.launch run {SWEEP} --workdir "
+                             f"gs://bucket/sweeps --shard {index}/4 --set data.cache_dir=gs://bucket/tokens/c4"]
     assert "dry run: nothing submitted" in out.splitlines()[-1]
+
+
+def test_the_wandb_key_reaches_the_hosts_as_a_secret_and_nowhere_else(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("sky")
+    key = "0123456789abcdef" * 2 + "01234567"
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    flags = sky_flags("--accelerator", "v5litepod-8", "--shares", "2", "--dry-run", "--infra", "gcp/us-west4")
+    _, jobs = plan("--accelerator", "v5litepod-8", "--shares", "2")
+    task = cloud.build_task(jobs[0])
+    assert task.secrets[cloud.WANDB_SECRET].get_secret_value() == key and cloud.WANDB_SECRET not in task.envs
+    assert key not in json.dumps(task.envs) and key not in str(jobs[0])  # nor in jobs.json, which records envs
+    assert launch.main(flags) == 0
+    out = capsys.readouterr().out
+    assert key not in out and out.count("  wandb: online (your WANDB_API_KEY, as a SkyPilot secret)") == 2
+
+    monkeypatch.delenv("WANDB_API_KEY")
+    assert not cloud.build_task(jobs[0]).secrets
+    assert launch.main(flags) == 0
+    assert "  wandb: offline (no WANDB_API_KEY here): each run's kept in the bucket" in capsys.readouterr().out
+
+
+def test_the_wandb_key_of_wandb_login_is_read_from_netrc(tmp_path):
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc123\n")
+    assert cloud.wandb_key({"HOME": str(tmp_path)}) == "abc123"
+    assert cloud.wandb_key({"HOME": str(tmp_path), "WANDB_API_KEY": "fromenv"}) == "fromenv"
+    assert cloud.wandb_key({"HOME": str(tmp_path / "nobody")}) is None
 
 
 def test_region_is_the_buckets(gcs, capsys, monkeypatch):
@@ -264,6 +294,7 @@ def test_region_is_the_buckets(gcs, capsys, monkeypatch):
     assert launch.main(flags) == 0
     out = capsys.readouterr().out
     assert out.count("  region: us-central1 (infra gcp/us-central1); recovery: FAILOVER") == 3, out
+    assert f"preflight estimates: none (no {gcs}/sweeps/smoke/preflight.json" in out  # what the hosts will read
     assert launch.main(flags + ["--infra", "gcp"]) == 0  # a cloud without a region: the bucket's region too
     assert "infra gcp/us-central1" in capsys.readouterr().out
     assert launch.main(flags + ["--infra", "aws/us-east-1"]) == 2
@@ -284,6 +315,42 @@ def test_region_is_the_buckets(gcs, capsys, monkeypatch):
     assert launch.main(flags) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--infra gcp/REGION" in err and "could not read the location" in err
+
+
+def test_an_explicit_region_must_be_the_buckets(gcs, capsys):
+    """The emulator's buckets are in US-CENTRAL1: --infra names that region, or the job is refused."""
+    pytest.importorskip("sky")
+    flags = sky_flags("--accelerator", "H100:2", "--dry-run", workdir=f"{gcs}/sweeps")
+    assert launch.main(flags + ["--infra", "gcp/us-west4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bucket is in us-central1" in err and "--infra gcp/us-central1" in err
+    assert launch.main(flags + ["--infra", "gcp/us-central1"]) == 0
+
+
+def test_a_region_without_the_accelerator_is_refused_by_skypilots_catalog(tmp_path):
+    from sweeps.cloud import regions
+    from test_prices import write_catalog
+
+    assert regions.check_offered("tpu-v6e-8", "gcp/us-west4", home=str(tmp_path)).startswith("note: not checked")
+    write_catalog(tmp_path)
+    with pytest.raises(ValueError, match="tpu-v6e-8: not offered in us-west4 .* it is in us-central1, us-central2"):
+        regions.check_offered("tpu-v6e-8", "gcp/us-west4", home=str(tmp_path))
+    assert "offered in us-east5" in regions.check_offered("tpu-v5litepod-8", "gcp/us-east5/us-east5-a",
+                                                          home=str(tmp_path))
+    assert "offered in us-east4" in regions.check_offered("H100", "gcp/us-east4", home=str(tmp_path))
+    with pytest.raises(ValueError, match="tpu-v4-8: not in SkyPilot's catalog"):
+        regions.check_offered("tpu-v4-8", "gcp/us-central2", home=str(tmp_path))
+
+
+def test_an_infra_region_outside_the_buckets_multi_region_is_refused():
+    from sweeps.cloud import regions
+
+    regions.check_infra_region("us-east5", "US", "multi-region", "gs://b")
+    regions.check_infra_region("us-east5", "NAM4", "dual-region", "gs://b")  # not checked
+    with pytest.raises(ValueError, match="multi-region EU; name a region in it"):
+        regions.check_infra_region("us-east5", "EU", "multi-region", "gs://b")
+    with pytest.raises(ValueError, match="bucket is in us-west4"):
+        regions.check_infra_region("us-east5", "US-WEST4", "region", "gs://b")
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -307,7 +374,7 @@ def test_one_share_wider_than_the_sweep_is_a_note(capsys):
     assert out.startswith("note: 1 job(s) × 8 launcher(s) (one per GPU) = 8 launchers for 6 runs: 2 would idle")
     assert launch.main(sky_flags("--accelerator", "H100:8", "--gpu-mode", "mesh", "--shares", "6", "--dry-run",
                                  "--infra", "gcp/us-west4")) == 0  # one launcher per job: 6 for 6 runs
-    assert "note:" not in capsys.readouterr().out
+    assert "launchers for" not in capsys.readouterr().out
 
 
 def write_record(run, workdir):
@@ -335,6 +402,7 @@ class Controller:
 
         self.status, self.record_class = ManagedJobStatus, ManagedJobRecord
         self.jobs, self.launched, self.cancelled, self.logs, self.refuse = {}, [], [], [], set()
+        self.stopped = False  # the jobs controller stopped itself (idle, no job in progress)
         monkeypatch.setattr(sky.jobs, "launch", self.launch)
         monkeypatch.setattr(sky.jobs, "queue_v2", self.queue_v2)
         monkeypatch.setattr(sky.jobs, "cancel", self.cancel)
@@ -354,8 +422,14 @@ class Controller:
         return answer
 
     def queue_v2(self, refresh, skip_finished=False, all_users=False, job_ids=None, **_):
-        records = [r for i, r in self.jobs.items() if job_ids is None or i in job_ids]
-        return lambda: (records, len(records), {}, len(self.jobs))
+        def answer():
+            if self.stopped and not refresh:  # as sky/jobs/server/core.py answers with its controller stopped
+                from sky.exceptions import ClusterNotUpError
+
+                raise ClusterNotUpError("No in-progress managed jobs.")
+            records = [r for i, r in self.jobs.items() if job_ids is None or i in job_ids]
+            return records, len(records), {}, len(self.jobs)
+        return answer
 
     def cancel(self, name=None, job_ids=None, all=False, **_):  # noqa: A002 - SkyPilot's parameter name
         assert name is None and not all, "cancel by job id only"
@@ -429,6 +503,57 @@ def test_submitting_twice_submits_each_share_once(gcs, capsys, monkeypatch):
     assert len(controller.launched) == 3
 
 
+def test_the_job_commands_work_after_the_jobs_controller_stopped(gcs, capsys, monkeypatch):
+    sky = pytest.importorskip("sky")
+    controller = Controller(sky, monkeypatch)
+    workdir = f"{gcs}/sweeps"
+    flags = sky_flags("--accelerator", "v5litepod-8", "--shares", "2", workdir=workdir)
+    assert launch.main(flags) == 0
+    for job_id in (1, 2):
+        controller.set(job_id, "FAILED")
+    controller.stopped = True  # every job ended, and ten idle minutes later the controller stopped
+    capsys.readouterr()
+    assert launch.main(flags + ["--missing"]) == 0  # the shares with unfinished runs: resubmitted
+    out = capsys.readouterr().out
+    assert "jobs controller is stopped" in out
+    assert "managed job 1 ended (jobs controller stopped) with 3 run(s) unfinished" in out
+    assert [name for _, name in controller.launched[2:]] == ["smoke-0-of-2", "smoke-1-of-2"]
+    controller.stopped = True
+    assert launch.main(sky_flags("--status", workdir=workdir)) == 0
+    assert capsys.readouterr().out.count("(jobs controller stopped)") == 4
+    assert launch.main(sky_flags("--cancel", workdir=workdir)) == 0
+    assert "no live job among the 4 recorded" in capsys.readouterr().out and controller.cancelled == []
+
+
+def test_a_stopped_controller_is_no_live_job_at_the_sdk_boundary(monkeypatch):
+    """The queue raises SkyPilot's own ``ClusterNotUpError`` (a stand-in of its class without the cloud extra)."""
+    import types
+
+    try:
+        from sky.exceptions import ClusterNotUpError
+    except ImportError:
+        ClusterNotUpError = type("ClusterNotUpError", (Exception,), {})
+        package, module = types.ModuleType("sky"), types.ModuleType("sky.exceptions")
+        module.ClusterNotUpError = ClusterNotUpError
+        monkeypatch.setitem(sys.modules, "sky", package)
+        monkeypatch.setitem(sys.modules, "sky.exceptions", module)
+
+    def stopped_queue(**_):
+        raise ClusterNotUpError("No in-progress managed jobs.")
+
+    sky = types.SimpleNamespace(jobs=types.SimpleNamespace(queue_v2=stopped_queue), get=lambda request: request)
+    queue = cloud_jobs.sky_records(sky, [3, 4])
+    assert set(queue) == {3, 4} and not any(cloud_jobs.is_live(record) for record in queue.values())
+    assert cloud_jobs.status_text(queue[3]) == "(jobs controller stopped)"
+
+    def unreachable(**_):
+        raise ConnectionError("Could not connect to SkyPilot API server\nhint")
+
+    sky.jobs.queue_v2 = unreachable  # any other error: still one line, exit 2
+    with pytest.raises(cloud.CloudError, match="sky.jobs.queue_v2: Could not connect to SkyPilot API server$"):
+        cloud_jobs.sky_records(sky, [3])
+
+
 def test_a_submission_that_stops_part_way_is_completed_by_the_next(gcs, capsys, monkeypatch):
     sky = pytest.importorskip("sky")
     controller = Controller(sky, monkeypatch)
@@ -482,6 +607,22 @@ def test_status_logs_and_cancel_act_on_this_sweeps_jobs_by_id(gcs, capsys, monke
     assert "cancelled 1 job(s): smoke-0-of-2 #1" in capsys.readouterr().out
 
 
+def test_an_installed_copy_says_sky_needs_a_clone(tmp_path, monkeypatch):
+    monkeypatch.setattr(cloud, "REPO", tmp_path / "site-packages")  # `pip install .`: no pyproject.toml beside it
+    with pytest.raises(cloud.CloudError, match="an installed copy of the project, not its repository; sky needs a "
+                                               "clone"):
+        plan("--accelerator", "v5litepod-8")
+
+
+def test_tpu_readme_says_what_one_hosts_exit_does_to_the_others():
+    """SkyPilot ends every host's run when one host's exits non-zero (sky/backends/task_codegen.py)."""
+    table = (REPO / "tpu" / "README.md").read_text().split("## Preemptions and failures", 1)[1].split("\n## ", 1)[0]
+    row_75 = next(line for line in table.splitlines() if line.startswith("| launcher exits 75"))
+    assert "other hosts" in row_75 and "--when-busy exit" in row_75
+    row_1 = next(line for line in table.splitlines() if line.startswith("| launcher exits 1"))
+    assert "other hosts" in row_1
+
+
 def test_without_skypilot_says_what_to_install(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "sky", None)  # `import sky` raises ImportError
     assert launch.main(sky_flags("--accelerator", "v5litepod-8", "--dry-run")) == 2
@@ -532,5 +673,6 @@ def test_parse_accelerator(text, kind, name, hosts, runtime):
 def test_help_explains_the_command():
     done = helpers.run_module("sweeps.launch", "sky", "--help", timeout=60)
     assert done.returncode == 0
+    assert "100 FAILED" in " ".join(done.stdout.split())  # what --logs exits with
     for flag in ("--accelerator", "--shares", "--spot", "--dry-run", "--pod-wide", "managed jobs"):
         assert flag in done.stdout

@@ -1,4 +1,4 @@
-"""constraints.txt, the lock file the cloud installs use (sweeps/lockfile.py).
+"""constraints.txt, the lock file the cloud installs use (sweeps/cloud/lockfile.py).
 
 Checked without the package index: it pins every dependency of pyproject.toml and the tpu extra within
 its range, the packages a checkpoint depends on agree with each other, and both SkyPilot tasks install
@@ -9,7 +9,7 @@ import yaml
 
 import helpers
 from helpers import REPO
-from sweeps import lockfile
+from sweeps.cloud import lockfile
 
 
 def test_lock_pins_every_dependency_within_its_range():
@@ -53,3 +53,12 @@ def test_lock_resolves_for_the_hosts():
     locked = lockfile.read_pins()
     assert {name: version for name, version in pins.items() if name in locked} == \
         {name: locked[name] for name in pins if name in locked}
+
+
+def test_the_docs_count_the_pins_of_the_lock_file():
+    import re
+
+    from helpers import REPO
+
+    stated = re.search(r"pins every package the hosts install \((\d+) of them", (REPO / "tpu" / "README.md").read_text())
+    assert stated and int(stated.group(1)) == len(lockfile.read_pins())

@@ -23,10 +23,13 @@ def test_every_extra_resolves_together_with_the_pip_a_new_venv_ships(tmp_path):
     pip = [str(tmp_path / "venv" / "bin" / "python3"), "-m", "pip"]
     report = tmp_path / "report.json"
     out = subprocess.run(
-        [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+        [*pip, "install", "--dry-run", "--ignore-installed", "--report", str(report),
          "-e", f"{REPO}[dev,tpu,cloud]"],
         capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # No backtracking: pip says so (INFO, on stdout) when it tries the releases of a package one by one.
+    backtracked = sorted({line for line in out.stdout.splitlines() if "pip is looking at multiple versions" in line})
+    assert not backtracked, backtracked
     chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"]
               for item in json.loads(report.read_text())["install"]}
     assert {"skypilot", "wandb", "click", "jax"} <= set(chosen), sorted(chosen)

@@ -179,15 +179,16 @@ def test_an_auto_sweep_trains_the_kept_choice_with_its_run_id_and_a_pinned_one_i
     fsdp = mode_row("fsdp", 0.02, 0.05, data=1, fsdp=-1)
     packed = mode_row("packed", 0.01, 0.02, pack_size=4)  # the cheapest: a pack of 4, one run per chip
     keep_choice(tmp_path / "cache", chosen, mode_row("data", 0.03, 0.08), fsdp, packed)
-    pinned_specs, pinned_modes, pinned_sizes = preflight_plan.planned_runs(sweep, [chosen, other])
+    kept = preflight_plan.kept_estimates(None, sweep.name)  # no work directory: this machine's cache
+    pinned_specs, pinned_modes, pinned_sizes = preflight_plan.planned_runs(sweep, [chosen, other], kept)
     assert pinned_specs == [chosen, other] and pinned_modes == pinned_sizes == {}
     auto = dataclasses.replace(sweep, parallelism="auto")
-    specs, modes, sizes = preflight_plan.planned_runs(auto, [chosen, other])
+    specs, modes, sizes = preflight_plan.planned_runs(auto, [chosen, other], kept)
     assert modes == {chosen.run_id: "packed"} and sizes == {chosen.run_id: 4}
     assert specs[0].config.mesh == MeshConfig(data=-1, fsdp=1) and specs[0].run_id == chosen.run_id
     assert specs[1] == other  # no kept estimate: the sweep's own mesh
     keep_choice(tmp_path / "cache", chosen, mode_row("data", 0.03, 0.08), fsdp)  # no pack compared
-    specs, modes, sizes = preflight_plan.planned_runs(auto, [chosen, other])
+    specs, modes, sizes = preflight_plan.planned_runs(auto, [chosen, other], kept)
     assert modes == {chosen.run_id: "fsdp"} and sizes == {}
     assert specs[0].config.mesh == MeshConfig(data=1, fsdp=-1)
 
@@ -216,6 +217,39 @@ def test_an_auto_sweep_records_the_mode_it_trained_in(tmp_path, monkeypatch):
     assert record.status == "finished" and record.run_id == run.run_id
     assert record.parallelism == "fsdp" and record.estimated_step_seconds == pytest.approx(
         fsdp["estimated_step_seconds"])
+
+
+def test_the_choices_kept_with_the_sweep_reach_a_machine_without_the_cache(gcs, tmp_path, capsys, monkeypatch):
+    """As on a pod's host: no preflight cache on this machine, the estimates and choices in the bucket."""
+    sweep_file = tiny.write_sweep(tmp_path, "par_gs", GRID + ', parallelism="auto"')
+    (run,) = load_sweep(str(sweep_file)).expand().runs
+    workdir = f"{gcs}/sweeps"
+    fsdp = mode_row("fsdp", 0.02, 0.05, data=1, fsdp=-1)
+    row = {"fits": True, "estimated_step_seconds": 0.5, "estimated_mfu": 0.3, "bound": "compute", "chips": 4,
+           "topology": "v5e:2x2", "parallelism": compared(mode_row("data", 0.03, 0.08), fsdp)}
+    kept_file = estimate_store.sweep_file(workdir, "par_gs")
+    assert kept_file == f"{workdir}/par_gs/preflight.json"
+    assert estimate_store.save(None, [run], [row], "v5e:2x2", sweep_file=kept_file) == 1  # the preflight's save
+    monkeypatch.setenv("SCALING_PREFLIGHT_CACHE", "off")  # nothing on this machine
+    capsys.readouterr()
+    for command in ("dry-run", "status"):
+        assert launch.main([command, str(sweep_file), "--workdir", workdir]) == 0
+        assert (f"preflight estimates: {kept_file} (kept with the sweep; 1 of 1 runs estimated, parallelism chosen "
+                "for 1)") in capsys.readouterr().out, command
+    tiny.on_one_device(monkeypatch)
+    assert launch.main(["run", str(sweep_file), "--workdir", workdir, "--no-progress"]) == 0
+    record = records.read_record(run.run_dir(workdir))
+    assert record.status == "finished" and record.parallelism == "fsdp"
+    assert record.estimated_step_seconds == pytest.approx(fsdp["estimated_step_seconds"])
+    assert launch.main(["dry-run", str(sweep_file), "--workdir", f"{gcs}/elsewhere"]) == 0
+    assert "preflight estimates: none" in capsys.readouterr().out  # another work directory, no cache
+
+
+def test_a_damaged_kept_file_is_one_line_naming_it(tmp_path):
+    sweep_file = tiny.write_sweep(tmp_path, "par_bad", GRID)
+    (tmp_path / "runs" / "par_bad").mkdir(parents=True)
+    (tmp_path / "runs" / "par_bad" / "preflight.json").write_text("{not json")
+    assert launch.main(["status", str(sweep_file), "--workdir", str(tmp_path / "runs")]) == 2
 
 
 # ---------------------------------------------------------------------------

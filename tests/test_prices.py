@@ -75,7 +75,8 @@ def test_without_a_catalog_the_shipped_table_names_its_source_and_date(tmp_path)
     table = prices.load_prices(home=str(tmp_path))
     assert "sweeps/preflight/price_table.py" in table.source and "SkyPilot" in table.source
     assert re.fullmatch(r"read \d{4}-\d\d-\d\d", table.date)
-    assert table.price("v5e").on_demand == (1.20, 1.20) and table.price("v5e").spot == (0.24493, 0.60)
+    # v5e on demand: $1.20 a chip-hour in most US regions, $1.416 in us-south1 (a range, as v5p's is).
+    assert table.price("v5e").on_demand == (1.20, 1.416) and table.price("v5e").spot == (0.24493, 0.60)
     # A damaged SkyPilot catalog is SkyPilot's problem, not the user's: the shipped table, saying why.
     write_catalog(tmp_path, text="InstanceType,Price\n")
     table = prices.load_prices(home=str(tmp_path))
@@ -140,7 +141,7 @@ def test_dry_run_uses_the_named_devices_own_peak_and_prices_it(tmp_path, capsys,
     assert h100["cost"]["usd_on_demand"][0] == pytest.approx(h100["device_hours"] * 4.20076)
     # A sweep whose peak_flops is v5e's is priced as v5e without being told.
     v5e = dry_run_json(tmp_path, capsys, extra=", peak_flops=1.97e14")
-    assert v5e["device"] == "v5e" and v5e["cost"]["price_on_demand"] == [1.20, 1.20]
+    assert v5e["device"] == "v5e" and v5e["cost"]["price_on_demand"] == [1.20, 1.416]
     mine = tmp_path / "mine.csv"
     mine.write_text("device,on_demand,spot\nv5e,2.00,\n")
     assert dry_run_json(tmp_path, capsys, "--prices", str(mine), extra=", peak_flops=1.97e14")["cost"][

@@ -13,7 +13,7 @@ import helpers
 import tiny
 from analysis import __main__ as analysis_cli
 from gcs_emulator import emulator_env
-from scaling import data, data_cli, migrate_records, storage, train, train_cli
+from scaling import data, data_cli, evaluate, generate, migrate_records, storage, train, train_cli
 from scaling.storage import StorageAccessError, check_access
 from sweeps import launch
 
@@ -130,6 +130,8 @@ COMMANDS = [
     (train_cli.main, ["--config", "tiny", "--workdir", MISSING], "error: "),
     (data_cli.main, ["cache", "--source", "builtin", "--cache-dir", f"{MISSING}/tokens"], "error: "),
     (migrate_records.main, [MISSING], "error: "),
+    (evaluate.main, [MISSING], "python -m scaling.train eval: error: "),
+    (generate.main, [MISSING, "--prompt", "Hello"], "python -m scaling.train sample: error: "),
 ]
 
 
@@ -154,6 +156,16 @@ def test_the_trainer_checks_a_token_cache_on_gs_too(closed_port, capsys, tmp_pat
     argv = ["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", f"data.cache_dir={MISSING}"]
     assert train_cli.main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: {MISSING}: cannot reach Cloud Storage")
+
+
+def test_eval_of_a_run_on_a_name_that_does_not_resolve_is_one_line_from_the_command_line(tmp_path):
+    """As a new user types it, without an emulator: it used to print two gcsfs tracebacks after about a minute."""
+    env = {key: value for key, value in tiny.env().items() if key != "STORAGE_EMULATOR_HOST"}
+    done = helpers.run([*helpers.module_command("scaling.train", "eval", MISSING)], cwd=tmp_path, env=env,
+                       timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"python -m scaling.train eval: error: {MISSING}: ")  # offline: the name; online: 401/404
 
 
 def test_status_on_an_unreachable_bucket_is_one_line_from_the_command_line(tmp_path):

@@ -5,6 +5,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 import tiny
 from scaling.metrics_log import read_metrics
@@ -48,6 +49,24 @@ def test_wandb_offline_run_holds_the_loss_history(tmp_path):
     np.testing.assert_allclose(logged, tiny.losses(tmp_path / "run"), rtol=1e-6)
     assert len(logged) == tiny.STEPS // 2
     assert group == "unit-sweep"
+
+
+def test_an_offline_wandb_run_of_a_gs_run_is_kept_in_the_bucket_beside_its_records(gcs, tmp_path):
+    """As on a cloud slice without a wandb key: the slice's disk goes, the bucket keeps the run for `wandb sync`."""
+    from gcs_emulator import keys
+
+    config = tiny.config(log_every=2, wandb_mode="offline")
+    result = tiny.run(config, f"{gcs}/run")
+    kept = sorted(key for key in keys(f"{gcs}/run") if key.startswith("wandb/"))
+    (run_file,) = [key for key in kept if key.endswith(".wandb")]
+    assert run_file.startswith("wandb/offline-run-") and run_file.endswith(f"-{result.wandb_id}/run-{result.wandb_id}"
+                                                                         ".wandb")
+    local = tmp_path / "run.wandb"
+    local.write_bytes(epath.Path(f"{gcs}/run/{run_file}").read_bytes())
+    logged = [float(values["loss"]) for values in (
+        {"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
+        for record in _wandb_records(local) if record.WhichOneof("record_type") == "history") if "loss" in values]
+    assert len(logged) == tiny.STEPS // 2
 
 
 def test_each_run_of_a_pack_has_its_own_offline_wandb_run_with_its_losses(tmp_path):

@@ -18,8 +18,11 @@ Where the preflight compared the modes of training a run (``sweeps.preflight.par
 them too (``parallelism``: the choice and each mode's figures); a sweep with ``parallelism="auto"`` trains the
 run in the mode chosen (``parallelism.planned_mesh``), and its record then holds that mode's estimate and name.
 
-On another machine (a TPU VM) the estimates are found where the cache is: point ``$SCALING_PREFLIGHT_CACHE``
-at a copy of it.
+With ``--workdir`` the preflight also keeps them **with the sweep**, in one file
+``<workdir>/<sweep>/preflight.json`` (local or ``gs://``, through ``scaling.storage``): run id -> slice ->
+estimate, as above. ``run`` on every host of a cloud job, ``status`` and ``dry-run`` then read that file
+(``load``), so they all see the same estimates and choices; the cache on the machine that ran the preflight is
+only its copy, read where the work directory has no such file.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import datetime
 import json
 import os
 
-from scaling.storage import write_atomic
+from scaling.storage import is_remote, read_text, write_atomic
 
 SUBDIRECTORY = "estimates"
+SWEEP_FILE = "preflight.json"  # <workdir>/<sweep>/preflight.json: the estimates kept with the sweep
 # Row fields kept per run (sweeps.preflight.check_run's names).
 ROW_FIELDS = ("estimated_step_seconds", "estimated_mfu", "bound", "chips", "topology")
 
@@ -48,29 +52,29 @@ def _load(path: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def save(cache_directory: str | None, runs, rows: list[dict], slice_name: str, now: datetime.datetime | None = None
-         ) -> int:
+def save(cache_directory: str | None, runs, rows: list[dict], slice_name: str, now: datetime.datetime | None = None,
+         sweep_file: str | None = None) -> int:
     """Keep the estimate of each run (``RunSpec``) from its preflight row for ``slice_name``; returns how many.
 
     A run that no longer fits, or whose step time is unknown, loses any earlier estimate for that slice.
-    Nothing is kept without a cache directory; a disk that refuses the write costs the estimate, never the
-    preflight.
+    Kept in the cache (nothing without a cache directory; a disk that refuses the write costs the estimate, never
+    the preflight) and, with ``sweep_file``, with the sweep too (``save_with_sweep``; its errors are raised).
     """
+    if sweep_file is not None:
+        kept = save_with_sweep(sweep_file, runs, rows, slice_name, now)
+        if cache_directory is not None:
+            save(cache_directory, runs, rows, slice_name, now)
+        return kept
     if cache_directory is None:
         return 0
-    written = (now or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds")
+    written = _now(now)
     kept = 0
     for run, row in zip(runs, rows):
         path = _path(cache_directory, run.run_id)
         entries = _load(path)
-        if row.get("fits") and row.get("estimated_step_seconds"):
-            entries[slice_name] = {**{key: row.get(key) for key in ROW_FIELDS}, "slice": slice_name,
-                                   "written": written,
-                                   **({"parallelism": row["parallelism"]} if row.get("parallelism") else {})}
-            kept += 1
-        elif slice_name in entries:
-            del entries[slice_name]
-        else:
+        before = dict(entries)
+        kept += _keep(entries, row, slice_name, written)
+        if entries == before:  # nothing kept, nothing dropped
             continue
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -78,6 +82,115 @@ def save(cache_directory: str | None, runs, rows: list[dict], slice_name: str, n
         except OSError:
             pass
     return kept
+
+
+def _now(now: datetime.datetime | None) -> str:
+    return (now or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds")
+
+
+def _keep(entries: dict, row: dict, slice_name: str, written: str) -> bool:
+    """Update one run's ``entries`` (slice -> estimate) from its preflight ``row``; True if an estimate was kept.
+    A run that no longer fits, or whose step time is unknown, loses its estimate for ``slice_name``."""
+    if row.get("fits") and row.get("estimated_step_seconds"):
+        entries[slice_name] = {**{key: row.get(key) for key in ROW_FIELDS}, "slice": slice_name, "written": written,
+                               **({"parallelism": row["parallelism"]} if row.get("parallelism") else {})}
+        return True
+    entries.pop(slice_name, None)
+    return False
+
+
+def sweep_file(workdir, sweep_name: str) -> str:
+    """``<workdir>/<sweep>/preflight.json``, local or ``gs://``."""
+    from etils import epath
+
+    return os.fspath(epath.Path(workdir) / sweep_name / SWEEP_FILE)
+
+
+def _read_sweep_file(path: str) -> dict | None:
+    """run id -> slice -> estimate from the sweep's file; None if there is none; ``ValueError`` if damaged."""
+    from etils import epath
+
+    if not epath.Path(path).exists():
+        return None
+    try:
+        data = json.loads(read_text(path))
+        runs = data["runs"]
+        if not isinstance(runs, dict):
+            raise TypeError("runs is not an object")
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not the preflight's estimates ({error}); rerun the preflight with --workdir "
+                         "or move the file aside") from None
+    return runs
+
+
+def save_with_sweep(path: str, runs, rows: list[dict], slice_name: str,
+                    now: datetime.datetime | None = None) -> int:
+    """Keep each run's estimate from its row for ``slice_name`` in the sweep's file ``path`` (``sweep_file``),
+    beside those of other runs and slices there; returns how many were kept. One read and one atomic write."""
+    from etils import epath
+
+    kept_runs = _read_sweep_file(path) or {}
+    written, kept = _now(now), 0
+    for run, row in zip(runs, rows):
+        entries = kept_runs.setdefault(run.run_id, {})
+        kept += _keep(entries, row, slice_name, written)
+        if not entries:
+            del kept_runs[run.run_id]
+    if not is_remote(path):
+        epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"runs": kept_runs}, indent=1, sort_keys=True))
+    return kept
+
+
+class Kept:
+    """The kept estimates one command reads (``load``): the sweep's file, this machine's cache, or none."""
+
+    def __init__(self, where: str | None, runs: dict | None = None, cache_directory: str | None = None,
+                 sweep_path: str | None = None):
+        self.where, self.runs, self.cache_directory = where, runs, cache_directory
+        self.sweep_path = sweep_path  # the sweep's file looked for (absent unless ``with_sweep``)
+
+    @property
+    def with_sweep(self) -> bool:
+        """True when read from the sweep's file in the work directory (what every host reads)."""
+        return self.runs is not None
+
+    def latest(self, run_id: str) -> dict | None:
+        """The newest estimate of ``run_id`` (any slice), or None."""
+        if self.runs is None:
+            return latest(self.cache_directory, run_id)
+        entries = [entry for entry in (self.runs.get(run_id) or {}).values()
+                   if isinstance(entry, dict) and entry.get("estimated_step_seconds")]
+        return max(entries, key=lambda entry: entry.get("written", "")) if entries else None
+
+    def latest_for(self, runs) -> dict:
+        """run id -> newest estimate, for the ``runs`` that have one."""
+        found = {run.run_id: self.latest(run.run_id) for run in runs}
+        return {run_id: entry for run_id, entry in found.items() if entry}
+
+    def describe(self, runs) -> str:
+        """One line: where the estimates and parallelism choices of ``runs`` come from, and how many there are."""
+        found = self.latest_for(runs)
+        chosen = sum(1 for entry in found.values() if (entry.get("parallelism") or {}).get("choice"))
+        counts = f"{len(found)} of {len(runs)} runs estimated, parallelism chosen for {chosen}"
+        if self.with_sweep:
+            return f"preflight estimates: {self.where} (kept with the sweep; {counts})"
+        if not found:
+            cache = ", none in this machine's cache" if self.where else ""
+            return (f"preflight estimates: none (no {self.sweep_path or 'file with the sweep'}{cache}; "
+                    "preflight --workdir keeps them there)")
+        return (f"preflight estimates: this machine's cache {self.where} ({counts}; other machines do not see it: "
+                "preflight --workdir WORKDIR keeps them with the sweep)")
+
+
+def load(workdir, sweep_name: str, cache_directory: str | None) -> Kept:
+    """The estimates a command reads: ``<workdir>/<sweep>/preflight.json`` where it exists (every host reads the
+    same), else the cache ``cache_directory`` on this machine, else none. ``ValueError`` for a damaged file."""
+    path = None if workdir is None else sweep_file(workdir, sweep_name)
+    runs = None if path is None else _read_sweep_file(path)
+    if runs is not None:
+        return Kept(path, runs, sweep_path=path)
+    return Kept(cache_directory, cache_directory=cache_directory, sweep_path=path)
 
 
 def latest(cache_directory: str | None, run_id: str) -> dict | None:

@@ -5,9 +5,9 @@ Read by hand from SkyPilot's published GCP catalog, schema v8 (``catalogs/v8/gcp
 github.com/skypilot-org/skypilot-catalog, the snapshot at commit 006059e0f18a, which SkyPilot builds from
 the Cloud Billing API, i.e. the prices of cloud.google.com/tpu/pricing and
 cloud.google.com/compute/gpus-pricing), US regions only, on the date below. Per device-hour:
-a TPU slice's price divided by its chips (v5litepod-8: $9.60 / 8 chips = $1.20; v4 and v5p name slices
-by TensorCores, two per chip), a GPU row's price divided by its GPU count. Ranges run from the cheapest US
-region to the dearest. SkyPilot's placeholder for a v6e price it could not find ($700 a slice) is left
+a TPU slice's price divided by its chips (v5litepod-8: $9.60 / 8 chips = $1.20 in most US regions, $11.328
+/ 8 = $1.416 in us-south1; v4 and v5p name slices by TensorCores, two per chip), a GPU row's price divided by
+its GPU count. Ranges run from the cheapest US region to the dearest. SkyPilot's placeholder for a v6e price it could not find ($700 a slice) is left
 out. GPU prices are the GPUs alone: the VM that hosts them (a3-highgpu-1g: about $1.18 an hour on demand
 in us-central1) is billed on top. Prices change: pass ``--prices FILE`` (same format) for current ones.
 """
@@ -21,7 +21,7 @@ READ_ON = "2026-11-25"
 TABLE = """\
 device,on_demand,spot
 v4,3.22,0.9215
-v5e,1.20,0.24493-0.60
+v5e,1.20-1.416,0.24493-0.60
 v5p,4.20-4.779,0.8357-1.68
 v6e,2.70,0.54421-1.35
 H100,4.20076-11.03385,2.2356-2.9926

@@ -491,7 +491,9 @@ def main(args, runs, deal: Deal | None = None) -> int:
     summary["preflight_mode"] = mode
     summary["preflight_seconds"] = round(time.perf_counter() - started, 1)
     summary["jobs"] = jobs
-    summary["estimates_kept"] = estimate_store.save(cache_directory, runs, rows, topology.name)
+    summary["estimates_file"] = getattr(args, "sweep_estimates", None)  # with the sweep: every host reads it
+    summary["estimates_kept"] = estimate_store.save(cache_directory, runs, rows, topology.name,
+                                                    sweep_file=summary["estimates_file"])
     # Priced over the range of the two estimates (the corrected roofline and the compiler's own); where the
     # compiler gave no estimate, at the roofline's chip-hours only.
     low, high = summary.get("chip_hours_low"), summary.get("chip_hours_high")
@@ -501,5 +503,6 @@ def main(args, runs, deal: Deal | None = None) -> int:
     if getattr(args, "json", False):
         print(json.dumps({"runs": rows, "summary": summary}, indent=2))
     else:
-        print(format_table(rows, summary))
+        print(format_table(rows, summary) + (f"\nestimates and choices kept with the sweep: {summary['estimates_file']}"
+                                             if summary["estimates_file"] else ""))
     return 0 if all(row["status"] == "PASS" for row in rows) else 1

@@ -1,69 +1,31 @@
-"""Launch a sweep's shares as SkyPilot managed jobs: ``python -m sweeps.launch sky``.
+"""The SkyPilot tasks of a sweep's shares: which accelerator, which jobs, their envs, region and recovery.
 
-    python -m sweeps.launch sky SWEEP_FILE --workdir gs://BUCKET/sweeps --accelerator v5litepod-8 \\
-        --shares 4 [--infra gcp/REGION] [--spot] [--dry-run] [--missing]
-    python -m sweeps.launch sky SWEEP_FILE --workdir gs://BUCKET/sweeps --status | --logs JOB | --cancel
-
-A sweep split into N shares is N managed jobs, ``<sweep>-<i>-of-<N>``, each
-running ``python -m sweeps.launch run SWEEP_FILE --workdir ... --shard i/N`` on
-its own slice or node (disjoint shares, balanced by cost, as ``--shard``
-always splits). The jobs are built from the task files ``tpu/sweep.sky.yaml``
-(a TPU accelerator: ``v5litepod-8``, ``tpu-v6e-8``, ``v4-32``, ...) and
-``gpu/sweep.sky.yaml`` (anything else: ``H100:8``, ``L4:4``), with SkyPilot's
-own parser; this module only fills in their ``envs`` and ``resources``.
-
-Where: every job is pinned to the bucket's region (``--infra gcp/REGION``,
-else the bucket's location as Cloud Storage reports it; a multi-region
-bucket needs ``--infra``), with the recovery strategy ``FAILOVER``, which
-relaunches in the region the job ran in; SkyPilot's default
-(``EAGER_NEXT_REGION``) would move a recovered job to another region, away
-from its checkpoints and token cache. What: every host installs with the
-lock file ``constraints.txt`` (``sweeps/lockfile.py``), so shares started at
-different times run the same jax, libtpu and orbax.
-
-Submitting is idempotent: the jobs of a sweep are recorded in
-``<workdir>/<sweep>/jobs.json`` (``sweeps/cloud_jobs.py``), a share whose job
-is still live in SkyPilot's queue is never submitted again, and
-``--missing`` resubmits the shares whose job ended with runs unfinished.
-``--status``, ``--logs`` and ``--cancel`` act on the recorded jobs only, by
-job id.
-
-What SkyPilot does from here (its controller runs in the cloud, so nothing
-needs to stay on on your machine): provision (queueing for capacity and
-failing over between zones), copy this working tree to every host, run
-``setup`` and ``run`` on every host, re-create a preempted slice and run them
-again, restart a job whose launcher exited 75 (SIGTERM, checkpoint saved) or,
-up to ``--max-restarts`` times, with an error, and delete the slice when its
-job ends. What the project does: resume every run from its checkpoints in the
-bucket, never train a run twice at once (run leases), and count the sweep's
-runs: ``python -m sweeps.launch status SWEEP_FILE --workdir gs://...``.
-
-On a multi-host TPU slice (``v5litepod-16``: 4 hosts) every host trains its
-own part of the job's share on its own chips: host r of H gets
-``--shard (i·H + r)/(N·H)`` (``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_NODES``).
-``--pod-wide`` instead makes the hosts train every run together (one job).
-On a GPU node, ``--gpu-mode per-gpu`` (default) starts one launcher per GPU
-with a part of the share each; ``mesh`` one launcher over all of the GPUs.
-
-SkyPilot is the optional extra ``cloud`` (``pip install -e ".[cloud]"``); it is
-imported only here. Not run against a real cloud from this repository's
-tests: they parse the tasks with SkyPilot and replace its client calls
-(``sky.jobs.launch``, ``queue_v2``, ``cancel``, ``tail_logs``) at the SDK boundary.
+``plan`` turns ``sweeps.launch sky``'s flags into one ``Job`` per share,
+``build_task`` parses its task file (``tpu/sweep.sky.yaml`` or
+``gpu/sweep.sky.yaml``) with SkyPilot's own parser and fills in the job's
+``envs`` and ``resources``, ``resolve_infra`` pins it to the bucket's region,
+and ``describe`` is what ``--dry-run`` prints. The command itself:
+``sweeps/cloud/command.py``; the record of submitted jobs:
+``sweeps/cloud/jobs.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import netrc
+import os
 import re
 import shlex
 from pathlib import Path
 
 from scaling.storage import is_remote
-from sweeps import hosts, lockfile
+from sweeps import hosts
+from sweeps.cloud import lockfile, regions
 from sweeps import spec as spec_lib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+HOST_PYTHON = "~/scaling-venv/bin/python"  # the hosts' Python: the venv the task files' setup makes
 TASK_FILES = {"tpu": REPO / "tpu" / "sweep.sky.yaml", "gpu": REPO / "gpu" / "sweep.sky.yaml"}
 INSTALL_HINT = 'needs SkyPilot: pip install -e ".[cloud]", then `sky check` to set up cloud access'
 # TPU VM software per family, as `gcloud compute tpus tpu-vm create --version`; SkyPilot's own default
@@ -76,6 +38,7 @@ _TPU_PATTERN = re.compile(r"(?:tpu-)?(v\d+[a-z]*)-(\d+)")
 # SkyPilot's job_recovery strategy: relaunch in the region the job ran in (the default, EAGER_NEXT_REGION,
 # tears the slice down and tries every other allowed region first).
 RECOVERY_STRATEGY = "FAILOVER"
+WANDB_SECRET = "WANDB_API_KEY"  # passed to the hosts as a SkyPilot secret when the submitter has a key
 
 
 class CloudError(ValueError):
@@ -147,7 +110,7 @@ class Job:
 
 def work(envs: dict) -> tuple:
     """What a job with ``envs`` trains apart from its share: two live jobs with the same work and share are one
-    too many (a ``Job``'s or a recorded ``cloud_jobs.Submitted``'s envs)."""
+    too many (a ``Job``'s or a recorded ``jobs.Submitted``'s envs)."""
     return tuple(envs.get(key, "") for key in ("SWEEP", "ARGS", "CACHE", "CHECK"))
 
 
@@ -181,6 +144,9 @@ def plan(sweep_name: str, args) -> tuple[Accelerator, list[Job]]:
                          "and --shares 1")
     if args.gpu_mode != "per-gpu" and accelerator.kind != "gpu":
         raise CloudError("--gpu-mode is for GPU accelerators (e.g. H100:8)")
+    if not (REPO / "pyproject.toml").exists():  # a `pip install .` copy: no task files, lock or sweep files
+        raise CloudError(f"{REPO}: an installed copy of the project, not its repository; sky needs a clone (git "
+                         "clone, then pip install -e .), whose working tree SkyPilot copies to the hosts")
     if not lockfile.LOCK_FILE.exists():
         raise CloudError(f"{lockfile.LOCK_FILE}: missing; the hosts install with it (python -m sweeps.lockfile)")
     mode = "pod-wide" if args.pod_wide else ("host-parallel" if accelerator.kind == "tpu" else args.gpu_mode)
@@ -259,7 +225,7 @@ def bucket_location(workdir: str) -> tuple[str, str]:
     return bucket.location or "", (bucket.location_type or "").lower()
 
 
-def resolve_infra(infra: str | None, workdir: str) -> str:
+def resolve_infra(infra: str | None, workdir: str, notes: list | None = None) -> str:
     """``gcp/<region>[/<zone>]`` for the jobs: ``infra`` if it names a region, else the bucket's region.
 
     The work directory is a ``gs://`` bucket, so the cloud is GCP; the region
@@ -273,6 +239,13 @@ def resolve_infra(infra: str | None, workdir: str) -> str:
         raise CloudError(f"--infra {infra}: the work directory is a gs:// bucket, so the jobs run on GCP "
                          "(--infra gcp/REGION, the bucket's region)")
     if len(parts) >= 2:
+        try:
+            location, kind = bucket_location(workdir)
+        except Exception as error:  # noqa: BLE001 - no credentials here, say: the named region is taken as is
+            (notes if notes is not None else []).append(
+                f"note: --infra {infra} not compared with {workdir}'s region ({first_line(error)})")
+        else:
+            regions.check_infra_region(parts[1], location, kind, workdir)
         return "/".join(["gcp", *parts[1:]])
     example = "--infra gcp/REGION with the bucket's region (e.g. gcp/us-west4)"
     try:
@@ -301,8 +274,25 @@ def import_sky():
     return sky
 
 
-def build_task(job: Job):
-    """``job`` as a ``sky.Task``: its task file parsed by SkyPilot, with the job's envs and resources."""
+def wandb_key(environ=None) -> str | None:
+    """The wandb API key of whoever submits: ``$WANDB_API_KEY``, else the one ``wandb login`` wrote to
+    ``~/.netrc`` (machine api.wandb.ai); None without one."""
+    environ = os.environ if environ is None else environ
+    if environ.get("WANDB_API_KEY"):
+        return environ["WANDB_API_KEY"]
+    try:
+        found = netrc.netrc(os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".netrc"))
+        login = found.authenticators("api.wandb.ai")
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return login[2] if login and login[2] else None
+
+
+def build_task(job: Job, environ=None):
+    """``job`` as a ``sky.Task``: its task file parsed by SkyPilot, with the job's envs and resources, and the
+    submitter's wandb key (``wandb_key``) as a SkyPilot secret: the hosts' wandb runs are then online, and the
+    key is kept out of the job's envs, logs and dashboard (without one they are offline and kept in the bucket,
+    ``scaling.track.finish_wandb_run``)."""
     sky = import_sky()
     import yaml  # a dependency of SkyPilot
 
@@ -310,7 +300,9 @@ def build_task(job: Job):
     config["name"] = job.name
     config["workdir"] = str(REPO)  # the file's `workdir: .` means the directory sky runs in
     config["resources"] = {**config.get("resources", {}), **job.resources}
-    return sky.Task.from_yaml_config(config, env_overrides=list(job.envs.items()))
+    key = wandb_key(environ)
+    return sky.Task.from_yaml_config(config, env_overrides=list(job.envs.items()),
+                                     secrets_overrides=[(WANDB_SECRET, key)] if key else None)
 
 
 def describe(job: Job, task, accelerator: Accelerator) -> str:
@@ -327,39 +319,18 @@ def describe(job: Job, task, accelerator: Accelerator) -> str:
              "on errors",
              f"  lock: {lockfile.summary(REPO / task.envs['LOCK'])}",
              f"  resources: {json.dumps(resources, sort_keys=True)}",
-             f"  envs: {shlex.join(f'{k}={v}' for k, v in job.envs.items())}"]
+             f"  envs: {shlex.join(f'{k}={v}' for k, v in job.envs.items())}",
+             "  wandb: " + ("online (your WANDB_API_KEY, as a SkyPilot secret)" if WANDB_SECRET in task.secrets else
+                            "offline (no WANDB_API_KEY here): each run's kept in the bucket, <run>/wandb/, for "
+                            "wandb sync")]
     where = {"tpu": "host", "gpu": "GPU"}[accelerator.kind]
     commands = job.launcher_commands(accelerator)
     for number, command in enumerate(commands):
         label = f"{where} {number}: " if len(commands) > 1 else ""
-        lines.append(f"  run: {label}{command}")
+        lines.append(f"  run: {label}{command.replace('python -m ', f'{HOST_PYTHON} -m ', 1)}")
     return "\n".join(lines)
 
 
 def selected_runs(sweep, only: list[str]) -> list:
     """The sweep's runs after ``--only`` (every job applies the same filter before sharing out)."""
     return spec_lib.select(sweep.expand().runs, only)
-
-
-def cmd_sky(sweep, args) -> int:
-    """Submit the sweep's shares not already live (``--dry-run``: print them); or ``--status``/``--logs``/``--cancel``."""
-    from sweeps import cloud_jobs
-
-    if args.status or args.logs is not None or args.cancel:
-        return cloud_jobs.act(sweep, args)
-    accelerator, jobs = plan(sweep.name, args)
-    runs = selected_runs(sweep, args.only)
-    note = None if args.check else check_shares(args.shares, accelerator, jobs[0].envs["MODE"], len(runs))
-    import_sky()  # before asking the bucket for its region: without SkyPilot, say what to install
-    infra = resolve_infra(args.infra, args.workdir)  # last: it may ask Cloud Storage
-    jobs = [dataclasses.replace(job, resources={**job.resources, "infra": infra}) for job in jobs]
-    tasks = [build_task(job) for job in jobs]
-    if note:
-        print(note)
-    if args.dry_run:
-        for job, task in zip(jobs, tasks):
-            print(describe(job, task, accelerator))
-        print(f"dry run: nothing submitted; without --dry-run this submits, with sky.jobs.launch, those of these "
-              f"{len(jobs)} task(s) whose share has no live job in {cloud_jobs.jobs_path(args.workdir, sweep.name)}")
-        return 0
-    return cloud_jobs.submit(sweep, args, accelerator, jobs, tasks, runs)

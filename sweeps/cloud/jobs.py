@@ -25,7 +25,8 @@ import shlex
 import time
 
 from sweeps import spec as spec_lib
-from sweeps.cloud import Accelerator, CloudError, Job, first_line, import_sky, job_runs, parse_accelerator, work
+from sweeps.cloud.tasks import (Accelerator, CloudError, Job, first_line, import_sky, job_runs, parse_accelerator,
+                                selected_runs, work)
 from sweeps.state import TO_TRAIN, counts_line, read_states, text_table
 
 JOBS_FILE = "jobs.json"
@@ -73,13 +74,41 @@ def write_jobs(path, jobs: list[Submitted]) -> None:
     write_atomic(path, json.dumps({"jobs": [dataclasses.asdict(job) for job in jobs]}, indent=2))
 
 
+# The queue entry of every recorded job while SkyPilot's jobs controller is stopped: ended.
+CONTROLLER_STOPPED = {"status": None, "recovery_count": 0}
+
+
+def controller_stopped(error: Exception) -> bool:
+    """True for SkyPilot's ``ClusterNotUpError``: its jobs controller is not up.
+
+    The controller stops itself after some idle minutes with no job in
+    progress (10 in SkyPilot 0.14), and ``queue_v2(refresh=False)`` then
+    raises this error ("No in-progress managed jobs.") instead of answering:
+    every job it managed has ended.
+    """
+    try:
+        from sky.exceptions import ClusterNotUpError
+    except ImportError:
+        return False
+    return isinstance(error, ClusterNotUpError)
+
+
 def sky_records(sky, job_ids: list[int]) -> dict:
-    """SkyPilot's queue entries (``ManagedJobRecord``) of ``job_ids``, by job id; absent ids are not in its queue."""
+    """SkyPilot's queue entries (``ManagedJobRecord``) of ``job_ids``, by job id; absent ids are not in its queue.
+
+    With the jobs controller stopped, every id maps to ``CONTROLLER_STOPPED``
+    (ended, not live), and a note says so: asking with ``refresh=True`` would
+    start the controller (a VM, minutes) only to learn that nothing runs.
+    """
     if not job_ids:
         return {}
     try:
         records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, all_users=True, job_ids=sorted(set(job_ids))))
     except Exception as error:  # noqa: BLE001 - no API server, no controller, no credentials: one line
+        if controller_stopped(error):
+            print("SkyPilot's jobs controller is stopped (it stops itself when no job is in progress): "
+                  "no recorded job is live")
+            return {job_id: CONTROLLER_STOPPED for job_id in job_ids}
         raise CloudError(f"sky.jobs.queue_v2: {first_line(error)}") from None
     found = {}
     for record in records:  # one entry per task; the jobs here have one task each
@@ -95,6 +124,8 @@ def is_live(record) -> bool:
 def status_text(record) -> str:
     if record is None:
         return "not in SkyPilot's queue"
+    if record is CONTROLLER_STOPPED:
+        return "(jobs controller stopped)"
     status = record["status"].value if record["status"] is not None else "?"
     recoveries = record["recovery_count"] or 0
     return status + (f" ({recoveries} recoveries)" if recoveries else "")
@@ -105,8 +136,6 @@ def runs_of(job: Submitted, sweep_file: str) -> list:
     words = shlex.split(job.envs.get("ARGS", ""))
     overrides = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--set"]
     only = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--only"]
-    from sweeps.cloud import selected_runs
-
     sweep = spec_lib.with_overrides(spec_lib.load_sweep(sweep_file), overrides)
     accelerator, as_job = job.as_job()
     return job_runs(as_job, accelerator, selected_runs(sweep, only))
@@ -195,7 +224,8 @@ def act(sweep, args) -> int:
     if args.logs is not None:
         job = _choose(recorded, args.logs)
         print(f"{job.name}: managed job {job.job_id}", flush=True)
-        code = sky.jobs.tail_logs(job_id=job.job_id, follow=True)
+        # refresh: a stopped jobs controller is started again to read the log (SkyPilot says so as it does).
+        code = sky.jobs.tail_logs(job_id=job.job_id, follow=True, refresh=True)
         return 0 if code is None else int(code)
     queue = sky_records(sky, [job.job_id for job in recorded])
     if args.cancel:
