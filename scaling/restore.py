@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from scaling import data, mesh as mesh_lib
-from scaling.config import CLASSIFICATION_SOURCES, MeshConfig, TrainConfig, from_dict, override
+from scaling.config import MeshConfig, TrainConfig, from_dict, override
 from scaling.program import Program, arguments_of, build
 from scaling.rundir import absolute_path, checkpoint_steps, one_line
 from scaling.token_cache import SPECIAL_TOKENS

@@ -72,7 +72,7 @@ from scaling.checkpoints import Checkpoints
 from scaling.config import TrainConfig
 from scaling.ending import REFUSED, AlreadyFinished, ResumesElsewhere  # noqa: F401 - raised by run
 from scaling.loop import Evaluation, Hook, Profile, StepInfo, Training  # noqa: F401 - the hooks a user registers
-from scaling.member import Member, Outcome, Start, fresh_meta, finished_record, run_lease  # noqa: F401
+from scaling.member import Member, Outcome, Start, fresh_meta
 from scaling.run_program import RunProgram, pack_key, build as build_program  # noqa: F401
 from scaling.stopping import Stop
 

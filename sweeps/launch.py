@@ -419,13 +419,13 @@ def cmd_preflight(sweep: Sweep, args) -> int:
 
     runs, _ = sweep.expand()
     mine, _ = _my_runs(runs, args.shard, args)
-    # With --workdir the estimates and choices are kept with the sweep too, where every host reads them.
-    args.sweep_estimates = None if args.workdir is None else estimate_store.sweep_file(args.workdir, sweep.name)
-    if args.jobs is None:
-        args.jobs = preflight.default_jobs()
-    elif args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise LauncherError(f"--jobs {args.jobs}: allowed an integer >= 1")
-    return preflight.main(args, mine, deal=spec_lib.shard)
+    # With --workdir the estimates and choices are kept with the sweep too, where every host reads them.
+    options = preflight.Options.from_args(
+        args, jobs=args.jobs or preflight.default_jobs(),
+        sweep_estimates=None if args.workdir is None else estimate_store.sweep_file(args.workdir, sweep.name))
+    return preflight.main(options, mine, deal=spec_lib.shard)
 
 
 def _resolve_workdir(text: str) -> str:

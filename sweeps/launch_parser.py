@@ -11,6 +11,7 @@ import re
 
 from scaling import cli
 from sweeps import busy as busy_lib
+from sweeps.preflight.options import add_arguments as add_preflight_arguments
 
 
 def _shard_arg(text: str) -> tuple[int, int]:
@@ -116,33 +117,7 @@ def _add_options(sub, command: str) -> None:
                               "preflight has run: v4, v5e, v5p, v6e, H100, H200, A100, A100-80GB "
                               "(default: the preflight's TPU, else the device whose peak is peak_flops)")
     if command == "preflight":
-        sub.add_argument("--topology", required=True,
-                         help="TPU slice the sweep will run on, e.g. v5e:4x4 (16 chips, 4 hosts); on a "
-                              "multi-host slice each run is checked on one host's 2x2 chips, as run "
-                              "trains it by default")
-        sub.add_argument("--pod-wide", action="store_true",
-                         help="check each run on the whole slice, as run --pod-wide trains it")
-        sub.add_argument("--mode", choices=("quick", "depths", "full"), default="quick",
-                         help="which programs to compile: quick (default) the runs no other dominates in depth "
-                              "and width plus a few anchor widths, re-pricing other depths and interpolating "
-                              "other widths; depths one per width; full every one (sweeps/preflight/quick.py)")
-        sub.add_argument("--full", action="store_true", help="compile every program (same as --mode full)")
-        sub.add_argument("--jobs", type=int, default=None, metavar="N",
-                         help="compile the distinct programs in N processes (default: as memory and cores "
-                              "allow, at most 4)")
-        for flag, text in (
-                ("--parallelism", "also compile each compiled run data-parallel, fsdp and packed (one run per "
-                                  "chip) and keep the cheapest that fits (up to 2 more compiles a run); a sweep "
-                                  "with parallelism=\"auto\" then trains each run that way"),
-                ("--remat-search", "for each run that fits, also compile the cheaper remat policies (none < dots "
-                                   "< full) and report the cheapest that fits (up to 2 more compiles a run)")):
-            sub.add_argument(flag, action="store_true", help=text)
-        # Without --workdir the preflight keeps its estimates only in this machine's cache.
-        sub.set_defaults(workdir=None)
-        sub.add_argument("--compile-cache", default=None, metavar="DIR",
-                         help="where the TPU compiler's answers are kept, so a repeated preflight compiles "
-                              "only programs that changed; 'off' compiles everything (default: "
-                              "$SCALING_PREFLIGHT_CACHE, else ~/.cache/scaling/preflight)")
+        add_preflight_arguments(sub)
 
 
 def _add_hosts(commands) -> None:

@@ -12,7 +12,6 @@ import importlib.metadata
 import io
 import json
 import os
-import types
 
 import pytest
 
@@ -20,7 +19,7 @@ from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
 from scaling.hardware import GIB
 from sweeps import launch, preflight
-from sweeps.preflight import report as report_lib, topology as topology_lib
+from sweeps.preflight import command as command_lib, report as report_lib, topology as topology_lib
 from sweeps.spec import Sweep
 
 # The suite shares one persistent compilation cache (tests/conftest.py). JAX cannot load a
@@ -315,9 +314,8 @@ def test_cli_exit_status_is_zero_when_every_run_passes(tmp_path, capsys):
 
 
 def test_missing_libtpu_is_one_clear_line(monkeypatch, capsys):
-    monkeypatch.setattr(report_lib, "libtpu_installed", lambda: False)
-    args = types.SimpleNamespace(topology=TOPOLOGY, json=False)
-    assert preflight.main(args, []) == 2
+    monkeypatch.setattr(command_lib, "libtpu_installed", lambda: False)
+    assert preflight.main(preflight.Options(topology=TOPOLOGY), []) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'pip install -e ".[tpu]"' in err
 
@@ -358,7 +356,7 @@ def fake_row(name, config, topology, devices, remat_search=False, cache=None, pe
 
 def test_seeds_compile_once_only_narrows_and_hosts_share_the_sweep(tmp_path, monkeypatch, capsys):
     checked = []
-    monkeypatch.setattr(report_lib, "libtpu_installed", lambda: True)
+    monkeypatch.setattr(command_lib, "libtpu_installed", lambda: True)
     monkeypatch.setattr(report_lib, "topology_devices", lambda topology: [None] * topology.chips)
     monkeypatch.setattr(report_lib, "check_run", lambda *args: checked.append(args[0]) or fake_row(*args))
     path = tmp_path / "seeds.py"

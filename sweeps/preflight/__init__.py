@@ -5,8 +5,9 @@ benchmarks and tests; everything else is the modules' own:
 
 - ``topology``: the slices (``parse_topology``, ``checked_topology``,
   ``topology_devices``: compile-only devices from libtpu, ``libtpu_installed``);
-- ``report``: one row per run (``check_run``, ``check_runs``), the sweep's
-  hours (``sweep_summary``), the command (``main``);
+- ``report``: one row per run (``check_run``), the sweep's hours (``sweep_summary``);
+- ``command``: the runs checked together (``check_runs``) and the command (``main``), with its
+  options (``options``: ``Options``, the flags it adds to the launcher's ``preflight``);
 - ``table``: the rows as text (``format_table``);
 - ``roofline``: step time from compiled HLO (``step_estimate``,
   ``collective_traffic``), over ``hlo`` (parse), ``hlo_ops`` (one op),
@@ -25,16 +26,37 @@ chips) and on nothing of the launcher: what it needs from there (the runs,
 how they are dealt to hosts) is handed to it.
 """
 
-from sweeps.preflight.advice import FIT_FRACTION, cheapest_remat, suggest
-from sweeps.preflight.parallelism import choose as choose_mode, compare as compare_modes, planned_mesh
-from sweeps.preflight.report import (check_run, check_runs, default_jobs, estimate_fields, main, parameter_count,
-                                     program_arguments, program_key, step_estimate, sweep_summary)
-from sweeps.preflight.roofline import collective_traffic
-from sweeps.preflight.table import format_table
-from sweeps.preflight.topology import (CHIPS, Topology, checked_topology, libtpu_installed, parse_topology,
-                                       topology_devices)
+import importlib
 
-__all__ = ["CHIPS", "FIT_FRACTION", "Topology", "check_run", "check_runs", "checked_topology", "cheapest_remat",
-           "choose_mode", "collective_traffic", "compare_modes", "default_jobs", "estimate_fields", "format_table",
-           "libtpu_installed", "main", "parameter_count", "parse_topology", "planned_mesh", "program_arguments",
-           "program_key", "step_estimate", "suggest", "sweep_summary", "topology_devices"]
+# Public name -> (module, its name there). Loaded on first use (PEP 562), so that importing one module of the
+# package (the launcher's parser imports ``options``) starts no JAX.
+_PUBLIC = {
+    "FIT_FRACTION": ("advice", "FIT_FRACTION"), "cheapest_remat": ("advice", "cheapest_remat"),
+    "suggest": ("advice", "suggest"),
+    "choose_mode": ("parallelism", "choose"), "compare_modes": ("parallelism", "compare"),
+    "planned_mesh": ("parallelism", "planned_mesh"),
+    "check_run": ("report", "check_run"), "default_jobs": ("report", "default_jobs"),
+    "estimate_fields": ("report", "estimate_fields"), "parameter_count": ("report", "parameter_count"),
+    "program_arguments": ("report", "program_arguments"), "program_key": ("report", "program_key"),
+    "step_estimate": ("report", "step_estimate"), "sweep_summary": ("report", "sweep_summary"),
+    "check_runs": ("command", "check_runs"), "main": ("command", "main"), "Options": ("options", "Options"),
+    "collective_traffic": ("roofline", "collective_traffic"), "format_table": ("table", "format_table"),
+    "CHIPS": ("topology", "CHIPS"), "Topology": ("topology", "Topology"),
+    "checked_topology": ("topology", "checked_topology"), "libtpu_installed": ("topology", "libtpu_installed"),
+    "parse_topology": ("topology", "parse_topology"), "topology_devices": ("topology", "topology_devices"),
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _PUBLIC[name]
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_PUBLIC})
