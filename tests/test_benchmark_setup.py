@@ -1,6 +1,7 @@
 """The CPU benchmarks: the throughput one runs the trainer as the command lines do (glibc's allocator tuned
 before JAX starts), and the step profile sorts a compiled step's ops by kind, pass and model part."""
 
+import json
 import os
 import sys
 
@@ -73,3 +74,41 @@ def test_tpu_compile_flags_sums_libtpus_stage_timings_keeping_the_last_cumulativ
     assert stages == {"XLA::TPU LLO dependency graph-based optimizations and scheduling": (15.2, 217),
                       "XLA::TPU memory space and buffer assignment": (0.272, 1),
                       "XLA::TPU run backend": (29.2, 1)}
+
+
+def test_cpu_info_reads_the_model_and_the_avx512_bf16_and_amx_flags(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import cpu_info
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n"
+                       "flags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
+                       "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: fpu\n")
+    info = cpu_info.describe(str(cpuinfo))
+    assert info["model"] == "Intel(R) Xeon(R) Platinum 8481C"
+    assert info["flags"]["avx512f"] and info["flags"]["avx512_bf16"] and info["flags"]["amx_tile"]
+    assert not info["flags"]["avx512_vnni"] and not info["flags"]["amx_int8"]
+    assert "AVX-512 yes, AVX-512-BF16 yes, AMX yes" in info["summary"]
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: avx2 fma avx512f\n")
+    assert "AVX-512 yes, AVX-512-BF16 no, AMX no" in cpu_info.describe(str(cpuinfo))["summary"]
+    assert cpu_info.describe(str(tmp_path / "missing"))["flags"] is None
+
+
+def test_throughput_records_the_cpu_beside_every_figure(monkeypatch, capsys):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import throughput
+
+    # main() with the measurements replaced by fixed rows: what it prints must name the CPU
+    row = {"depth": 2, "width": 64, "scan_layers": False, "tokens_per_second": 1000.0, "useful_flops_per_second": 1e9,
+           "full_flops_per_second": 2e9, "other_processes_cores": 0.0, "matmul_peak_flops": 1e11}
+    monkeypatch.setattr(throughput, "matmul_peak_flops", lambda: 1e11)
+    monkeypatch.setattr(throughput, "measure", lambda *args: dict(row))
+    monkeypatch.setattr(throughput.cpu_info, "describe", lambda: {"model": "Test CPU 9000", "summary": "Test CPU 9000 (x)"})
+    for output in ("--json", None):
+        monkeypatch.setattr(sys, "argv", ["throughput.py", "--configs", "2x64", "4x128", *([output] if output else [])])
+        throughput.main()
+        printed = capsys.readouterr().out
+        if output:
+            assert [r["cpu"]["model"] for r in json.loads(printed)] == ["Test CPU 9000"] * 2
+        else:
+            assert "CPU: Test CPU 9000 (x)" in printed
