@@ -34,7 +34,7 @@ def test_step_profile_sorts_a_compiled_steps_ops_by_kind_and_pass():
 
     text = jax.jit(step).lower(jnp.ones((32, 16)), jnp.ones((8, 32))).compile().as_text()
     ops = step_profile.hlo_ops(text)
-    kinds = {(kind, phase) for kind, phase, _ in ops.values()}
+    kinds = {(kind, phase) for kind, phase, _, _ in ops.values()}
     # the forward dot, its transpose in the backward pass, and the optimizer's norm and update
     assert {("matmul", "forward"), ("matmul", "backward"), ("reduce", "optimizer"),
             ("elementwise", "optimizer")} <= kinds, kinds
