@@ -112,3 +112,21 @@ def test_throughput_records_the_cpu_beside_every_figure(monkeypatch, capsys):
             assert [r["cpu"]["model"] for r in json.loads(printed)] == ["Test CPU 9000"] * 2
         else:
             assert "CPU: Test CPU 9000 (x)" in printed
+
+
+def test_cpu_bf16_tells_a_bf16_product_from_one_converted_to_float32():
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import cpu_bf16
+
+    left, right = jnp.ones((64, 32), jnp.bfloat16), jnp.ones((32, 16), jnp.bfloat16)
+    upcast = jax.jit(lambda a, b: a.astype(jnp.float32) @ b.astype(jnp.float32)).lower(left, right).compile()
+    assert not cpu_bf16.dots_multiply_bf16(upcast.as_text())
+    # what a CPU with bf16 products would compile to: the dot reads the bf16 parameters themselves
+    kept = ("HloModule m\n\nENTRY %main (a: bf16[64,32], b: bf16[32,16]) -> f32[64,16] {\n"
+            "  %a = bf16[64,32]{1,0} parameter(0)\n  %b = bf16[32,16]{1,0} parameter(1)\n"
+            "  ROOT %dot = f32[64,16]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n")
+    assert cpu_bf16.dots_multiply_bf16(kept)
+    assert not cpu_bf16.dots_multiply_bf16(kept.replace("dot(", "add("))  # no dot at all
