@@ -130,3 +130,58 @@ def test_cpu_bf16_tells_a_bf16_product_from_one_converted_to_float32():
             "  ROOT %dot = f32[64,16]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n")
     assert cpu_bf16.dots_multiply_bf16(kept)
     assert not cpu_bf16.dots_multiply_bf16(kept.replace("dot(", "add("))  # no dot at all
+
+
+def test_step_profile_splits_a_step_into_the_parts_both_frameworks_are_compared_by():
+    import types
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import step_profile
+
+    category = step_profile.category
+    assert category("matmul", "backward", "jit(train_step)/transpose(jvp(Transformer))/layers_0/mlp/wi/dot_general") \
+        == "matmuls"
+    assert category("matmul", "forward", "jit(train_step)/jvp(Transformer)/layers_0/attention/query/dot_general") \
+        == "matmuls"
+    assert category("reduce", "forward", "jit(train_step)/jvp(Transformer)/layers_0/attention/reduce_max") == "attention"
+    assert category("reduce", "forward", "jit(train_step)/jvp(Transformer)/layers_0/attention_norm/reduce_sum") \
+        == "elementwise+layernorm"
+    assert category("elementwise", "optimizer", "jit(train_step)/mul") == "optimizer update"
+    # overlapping ops on two threads: [0, 10) and [5, 20) and [30, 40) µs are busy for 30 µs
+    assert step_profile.busy_ms([{"ts": 0, "dur": 10}, {"ts": 5, "dur": 15}, {"ts": 30, "dur": 10}]) == 0.030
+
+    def event(name, parent=None):
+        return types.SimpleNamespace(name=name, cpu_parent=parent)
+
+    step = event("peer.optimizer")
+    assert step_profile.peer_category(event("aten::mul_", event("Optimizer.step#AdamW.step", step))) == "optimizer update"
+    flash = event("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0")
+    assert step_profile.peer_category(event("aten::_scaled_dot_product_flash_attention_for_cpu_backward", flash)) \
+        == "attention"
+    assert step_profile.peer_category(event("aten::mm", event("aten::linear"))) == "matmuls"
+    assert step_profile.peer_category(event("aten::native_layer_norm")) == "elementwise+layernorm"
+    assert step_profile.peer_category(flash) == "host"
+
+
+def test_step_profile_gives_a_fusion_without_metadata_its_operands_jax_name():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import step_profile
+
+    # XLA:CPU's attention einsum fusions carry no op_name; they must not count as the optimizer's
+    text = """HloModule m
+
+%fused_computation (param_0: f32[4,8], param_1: f32[8,4]) -> f32[4,4] {
+  %param_0 = f32[4,8]{1,0} parameter(0)
+  %param_1 = f32[8,4]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4,4]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (q: f32[4,8], k: f32[8,4]) -> f32[4,4] {
+  %q = f32[4,8]{1,0} parameter(0)
+  %k = f32[8,4]{1,0} parameter(1)
+  %copy.1 = f32[4,8]{1,0} copy(%q), metadata={op_name="jit(train_step)/jvp(Transformer)/layers_0/attention/transpose"}
+  ROOT %ynn_fusion.1 = f32[4,4]{1,0} fusion(%copy.1, %k), kind=kCustom, calls=%fused_computation
+}
+"""
+    ops = step_profile.hlo_ops(text)
+    assert ops["ynn_fusion.1"] == ("matmul", "forward", "attention scores+mix", "attention")
