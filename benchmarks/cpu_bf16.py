@@ -66,7 +66,8 @@ def product_rates() -> dict[str, float]:
             times.append(time.perf_counter() - start)
         return flops / min(times) / 1e9
 
-    for name, dtype, torch_dtype in (("float32", jnp.float32, torch.float32), ("bfloat16", jnp.bfloat16, torch.bfloat16)):
+    for name in ("float32", "bfloat16"):
+        dtype, torch_dtype = jnp.dtype(name), getattr(torch, name)
         a, b = jnp.ones((2048, 256), dtype), jnp.ones((256, 1024), dtype)
         product = jax.jit(lambda x, y: x @ y)
         rates[f"jax {name}"] = best(lambda: product(a, b).block_until_ready())

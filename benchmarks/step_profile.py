@@ -97,7 +97,8 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str, str, str]]:
         if found or depth > 4:
             return found.group(1) if found else ""
         for operand in instruction.operands:
-            if operand in computation.by_name and (name := op_name(computation, computation.by_name[operand], depth + 1)):
+            source = computation.by_name.get(operand)
+            if source is not None and (name := op_name(computation, source, depth + 1)):
                 return name
         return ""
 

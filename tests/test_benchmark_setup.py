@@ -103,7 +103,8 @@ def test_throughput_records_the_cpu_beside_every_figure(monkeypatch, capsys):
            "full_flops_per_second": 2e9, "other_processes_cores": 0.0, "matmul_peak_flops": 1e11}
     monkeypatch.setattr(throughput, "matmul_peak_flops", lambda: 1e11)
     monkeypatch.setattr(throughput, "measure", lambda *args: dict(row))
-    monkeypatch.setattr(throughput.cpu_info, "describe", lambda: {"model": "Test CPU 9000", "summary": "Test CPU 9000 (x)"})
+    fake_cpu = {"model": "Test CPU 9000", "summary": "Test CPU 9000 (x)"}
+    monkeypatch.setattr(throughput.cpu_info, "describe", lambda: fake_cpu)
     for output in ("--json", None):
         monkeypatch.setattr(sys, "argv", ["throughput.py", "--configs", "2x64", "4x128", *([output] if output else [])])
         throughput.main()
@@ -143,7 +144,8 @@ def test_step_profile_splits_a_step_into_the_parts_both_frameworks_are_compared_
         == "matmuls"
     assert category("matmul", "forward", "jit(train_step)/jvp(Transformer)/layers_0/attention/query/dot_general") \
         == "matmuls"
-    assert category("reduce", "forward", "jit(train_step)/jvp(Transformer)/layers_0/attention/reduce_max") == "attention"
+    assert category("reduce", "forward", "jit(train_step)/jvp(Transformer)/layers_0/attention/reduce_max") \
+        == "attention"
     assert category("reduce", "forward", "jit(train_step)/jvp(Transformer)/layers_0/attention_norm/reduce_sum") \
         == "elementwise+layernorm"
     assert category("elementwise", "optimizer", "jit(train_step)/mul") == "optimizer update"
@@ -154,7 +156,8 @@ def test_step_profile_splits_a_step_into_the_parts_both_frameworks_are_compared_
         return types.SimpleNamespace(name=name, cpu_parent=parent)
 
     step = event("peer.optimizer")
-    assert step_profile.peer_category(event("aten::mul_", event("Optimizer.step#AdamW.step", step))) == "optimizer update"
+    adamw = event("Optimizer.step#AdamW.step", step)
+    assert step_profile.peer_category(event("aten::mul_", adamw)) == "optimizer update"
     flash = event("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0")
     assert step_profile.peer_category(event("aten::_scaled_dot_product_flash_attention_for_cpu_backward", flash)) \
         == "attention"
