@@ -5,6 +5,8 @@ machines of different kinds (with or without AVX-512, AVX-512-BF16 or AMX) are
 never put side by side as if they were comparable. Read from Linux's
 ``/proc/cpuinfo``; elsewhere the model is ``platform.processor()`` and the
 flags are unknown (``None``).
+
+    python benchmarks/cpu_info.py        # one line: model, cores, AVX-512 / AVX-512-BF16 / AMX
 """
 
 from __future__ import annotations
@@ -51,3 +53,10 @@ def summary(info: dict) -> str:
 
     return (f"{info['model']} ({info['cores']} cores; AVX-512 {has('avx512f')}, "
             f"AVX-512-BF16 {has('avx512_bf16')}, AMX {has('amx_tile', 'amx_bf16')})")
+
+
+if __name__ == "__main__":
+    from scaling import cli
+
+    cli.doc_parser(__doc__).parse_args()
+    print(describe()["summary"])
