@@ -27,6 +27,11 @@ FLOP counts per trained token (forward + backward = 3 × forward), both from
 Both are divided by the measured float32 matmul peak (a 2048² ``a @ a``
 through JAX, best of several).
 
+Every row records the CPU it ran on (``cpu``: model, cores, and whether it has
+AVX-512, AVX-512-BF16, AVX-512-VNNI and AMX, from ``benchmarks/cpu_info.py``),
+and the table prints it above the rows: figures from CPUs with different
+extensions are not comparable.
+
     python benchmarks/throughput.py                                  # all 5 configs, ours only
     python benchmarks/throughput.py --peer /path/to/nanoGPT/model.py # with the peer column
     python benchmarks/throughput.py --configs 4x256 --json           # one JSON list
@@ -45,6 +50,7 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported; skips probing for a TPU
+import cpu_info  # noqa: E402
 from scaling import cli  # noqa: E402
 from scaling.cpu_allocator import tune_cpu_allocator  # noqa: E402
 
@@ -269,6 +275,7 @@ def measure(depth: int, width: int, peer_module, repeats: int, peak: float, laye
 
 def print_table(rows: list[dict]) -> None:
     peak = rows[0]["matmul_peak_flops"]
+    print(f"CPU: {rows[0]['cpu']['summary']}")
     print(f"float32 matmul peak (2048² a @ a through JAX): {peak / 1e9:.0f} GFLOP/s; {os.cpu_count()} cores; "
           "'others': CPU cores used by other processes while a row was timed")
     with_peer = "peer_tokens_per_second" in rows[0]
@@ -325,6 +332,7 @@ def main() -> None:
         row["matmul_peak_flops"] = peak
         row["useful_fraction_of_peak"] = row["useful_flops_per_second"] / peak
         row["full_fraction_of_peak"] = row["full_flops_per_second"] / peak
+        row["cpu"] = cpu_info.describe()  # beside every figure: never compare rows across kinds of CPU
     busy = [f"{r['depth']}x{r['width']}" for r in rows if r["other_processes_cores"] > 0.25]
     if busy:
         print(f"warning: other processes used the CPU while timing {', '.join(busy)}; those numbers and ratios "
