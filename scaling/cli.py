@@ -56,16 +56,19 @@ def positive_int(text: str) -> int:
 
 
 def run_dir_command(parser: argparse.ArgumentParser, argv, use) -> int:
-    """The frame of a command that uses a trained run (``eval``, ``sample``): parse ``argv``, set up the
-    CPU allocator before JAX starts, and return ``use(args)``'s exit status, or 2 with one line on stderr
-    for an unusable run directory, input or file (``RunDirError``, ``ValueError``, ``OSError``)."""
+    """The frame of a command that uses a trained run (``eval``, ``sample``, ``export``): parse ``argv``,
+    find the run directory (a sweep's run may be named: ``runs/smoke/L1-d128-s0``, ``rundir.resolve_run_dir``),
+    set up the CPU allocator before JAX starts, and return ``use(args)``'s exit status, or 2 with one line on
+    stderr for an unusable run directory, input or file (``RunDirError``, ``ValueError``, ``OSError``)."""
     args = parser.parse_args(argv)
     from scaling.cpu_allocator import tune_cpu_allocator
 
     tune_cpu_allocator()
     from scaling.restore import RunDirError
+    from scaling.rundir import resolve_run_dir
 
     try:
+        args.run_dir = str(resolve_run_dir(args.run_dir))
         return use(args)
     except (RunDirError, ValueError, OSError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)

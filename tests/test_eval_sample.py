@@ -214,6 +214,39 @@ def test_bad_options_give_one_line(reference, capsys, argv, message):
 
 
 # ---------------------------------------------------------------------------
+# a sweep's run by its name
+
+
+def test_a_sweeps_run_is_found_by_its_name(reference, tmp_path, capsys):
+    run_dir, _, _ = reference
+    shutil.copytree(run_dir, tmp_path / "smoke" / "0123456789ab")  # the folder: a hash of the config
+    status, out, err = command(capsys, "sample", str(tmp_path / "smoke" / "tiny"), "--max-new-tokens", "3",
+                               "--greedy", "--json")
+    assert status == 0, err
+    assert json.loads(out)["run_dir"] == str(tmp_path / "smoke" / "0123456789ab")
+    status, out, err = command(capsys, "eval", str(tmp_path / "smoke" / "tiny"), "--batches", "1", "--json")
+    assert status == 0 and json.loads(out)["run_dir"] == str(tmp_path / "smoke" / "0123456789ab"), err
+
+
+def test_a_misspelt_or_ambiguous_run_name_gives_one_line_naming_the_nearest(reference, tmp_path, capsys):
+    run_dir, _, _ = reference
+    shutil.copytree(run_dir, tmp_path / "smoke" / "0123456789ab")
+    status, out, err = command(capsys, "sample", str(tmp_path / "smoke" / "tinny"))
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "no run in" in err and "nearest run names: tiny" in err
+    shutil.copytree(run_dir, tmp_path / "smoke" / "ba9876543210")  # a second run of that name, unlisted
+    status, out, err = command(capsys, "eval", str(tmp_path / "smoke" / "tiny"))
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "2 runs" in err and "0123456789ab" in err and "ba9876543210" in err
+    # The sweep's own listing says which of them is the run of the sweep as it is now.
+    (tmp_path / "smoke" / "sweep.json").write_text(json.dumps({"runs": [{"name": "tiny",
+                                                                        "run_id": "ba9876543210"}]}))
+    from scaling.rundir import resolve_run_dir
+
+    assert str(resolve_run_dir(tmp_path / "smoke" / "tiny")) == str(tmp_path / "smoke" / "ba9876543210")
+
+
+# ---------------------------------------------------------------------------
 # run directories that cannot be used
 
 

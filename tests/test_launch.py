@@ -336,6 +336,10 @@ def test_status_json_counts_and_lists_runs(tmp_path, capsys):
         "finished", 2.5, 1, 16, 12 * 16 ** 2)
     assert by_name[runs[1].name]["checkpoint_step"] == 20
     assert [by_name[run.name]["status"] for run in runs] == ["finished", "resumable", "failed", "pending"]
+    # The table shows each run's folder beside its name.
+    assert launch.main(["status", str(sweep_file), "--workdir", str(workdir)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [runs[0].name, runs[0].run_id] in [row[:2] for row in rows]
     # The plan: train the pending one, resume one, retry the failed one, skip the finished one.
     assert launch.main(["dry-run", str(sweep_file), "--workdir", str(workdir)]) == 0
     assert "would train 3 run(s): 1 new, 1 resumed, 1 retried; skip 1 finished" in capsys.readouterr().out
@@ -347,9 +351,10 @@ def test_list_prints_one_row_per_run(tmp_path, capsys):
     (workdir / "status" / "0123456789ab" / "config.json").write_text("{}")
     assert launch.main(["list", str(sweep_file), "--workdir", str(workdir)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split() == ["name", "L", "d", "N", "(12·L·d²)", "budget", "seed", "status", "eval", "loss"]
+    assert lines[1].split() == ["name", "folder", "L", "d", "N", "(12·L·d²)", "budget", "seed", "status", "eval",
+                                "loss"]
     rows = {line.split()[0]: line.split() for line in lines[2:6]}
-    assert rows[runs[0].name][:4] == [runs[0].name, "1", "16", "3.07e+03"]
+    assert rows[runs[0].name][:5] == [runs[0].name, runs[0].run_id, "1", "16", "3.07e+03"]
     assert rows[runs[0].name][-2:] == ["finished", "2.5000"]
     assert rows[runs[1].name][-3:-1] == ["resumable", "@20"]
     assert rows[runs[3].name][-2:] == ["pending", "-"]
