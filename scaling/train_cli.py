@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=prog,
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
                     "latest checkpoint, or does nothing if the run already finished. 'eval RUN_DIR' and "
-                    "'sample RUN_DIR' use a trained run instead (see 'eval --help', 'sample --help').",
+                    "'sample RUN_DIR' use a trained run instead (see 'eval --help', 'sample --help'); "
+                    "'config' prints the resolved config and its --set keys ('config --help').",
         epilog=f"Example: {prog} --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")
     parser.add_argument("--config", required=True,
                         help=f"a preset ({', '.join(PRESETS)}), a run's config.json, or a .py file defining config()")
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that use a trained run, each a module of its own with a ``main(argv, prog)``.
-USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate"}
+USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate", "config": "scaling.config_cli"}
 
 
 def main(argv=None) -> int:
@@ -81,7 +82,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_access(args.workdir, args.config)  # one line now, not a minute of client retries later
-        config = override(load_config(args.config), args.overrides)
+        base = load_config(args.config)
+        config = override(base, args.overrides)
         check_access(config.data.cache_dir)
     except (StorageAccessError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -89,6 +91,8 @@ def main(argv=None) -> int:
     if not is_remote(args.workdir) and os.path.isfile(os.path.expanduser(args.workdir)):
         print(f"error: --workdir {args.workdir}: is a file, not a directory", file=sys.stderr)
         return 2
+    if args.overrides:
+        print(overrides_line(args.config, base, config, args.overrides), file=sys.stderr)
     from scaling.cpu_allocator import tune_cpu_allocator
 
     tune_cpu_allocator()  # before JAX starts its CPU backend
@@ -97,6 +101,21 @@ def main(argv=None) -> int:
 
     mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     return exit_now_if_abandoned(_run_command(config, args))
+
+
+def overrides_line(source: str, base: TrainConfig, config: TrainConfig, overrides: list[str]) -> str:
+    """``config tiny with model.depth=4 (was 2), ...``: what ``--set`` changed, said once at start."""
+    from scaling.config import to_dict
+
+    before, after = to_dict(base), to_dict(config)
+    changes = []
+    for assignment in overrides:
+        key = assignment.partition("=")[0]
+        old, new = before, after
+        for part in key.split("."):
+            old, new = old[part], new[part]
+        changes.append(f"{key}={json.dumps(new)} (was {json.dumps(old)})")
+    return f"config {source} with {', '.join(changes)}"
 
 
 def _run_command(config: TrainConfig, args) -> int:
