@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that use a trained run, each a module of its own with a ``main(argv, prog)``.
-USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate", "config": "scaling.config_cli"}
+USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate", "config": "scaling.config_cli",
+                "export": "scaling.export_hf"}
 
 
 def main(argv=None) -> int:
