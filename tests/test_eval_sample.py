@@ -193,6 +193,38 @@ def test_sample_command_prints_the_prompt_and_its_continuation(reference, capsys
     assert status == 0 and text == "The " + result["completion"] + "\n"
 
 
+def test_text_made_a_chunk_at_a_time_is_the_text_made_at_once(reference):
+    _, _, run = reference
+    prompt = generate.encode_prompt(run, "The ")
+    sampling = generate.Sampling(max_new_tokens=23, temperature=1.0, top_k=20, seed=3)
+    chunks = list(generate.generate_chunks(run, prompt, sampling, chunk=5))
+    assert [len(c) for c in chunks] == [5, 5, 5, 5, 3]
+    assert np.concatenate(chunks).tolist() == list(generate.generate_chunks(run, prompt, sampling, chunk=64))[0].tolist()
+
+
+def test_sample_prints_each_chunk_as_it_comes_and_holds_back_a_split_character(reference, capsys):
+    _, _, run = reference
+    seen = []
+
+    def chunks():
+        yield np.array(list(b"ab") + [0xC3])  # "ab" and the first byte of "é"
+        seen.append(capsys.readouterr().out)
+        yield np.array([0xA9] + list(b"c"))
+
+    generate._stream(run, "P:", chunks())
+    assert seen == ["P:ab"] and capsys.readouterr().out == "éc\n"
+
+
+def test_sample_says_when_the_text_outgrows_the_context(reference, capsys):
+    run_dir, _, run = reference
+    window = run.config.model.max_seq_len
+    status, out, err = command(capsys, "sample", str(run_dir), "--prompt", "The ", "--max-new-tokens",
+                               str(window + 5), "--greedy")
+    assert status == 0 and f"sees the last {window} tokens" in err and "window slides" in err
+    status, out, err = command(capsys, "sample", str(run_dir), "--prompt", "The ", "--max-new-tokens", "5", "--greedy")
+    assert status == 0 and "slides" not in err
+
+
 def test_decode_shows_an_end_of_document_token_as_a_blank_line(reference):
     _, _, run = reference
     ids = list(b"ab") + [run.eos_id] + list(b"c")
