@@ -86,6 +86,9 @@ def main(argv=None) -> int:
         base = load_config(args.config)
         config = override(base, args.overrides)
         check_access(config.data.cache_dir)
+        from scaling.corpus import check_hub_reachable
+
+        check_hub_reachable(config.data)  # one line now, not a minute of the hub client's retries
     except (StorageAccessError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
