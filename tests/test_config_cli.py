@@ -67,7 +67,7 @@ def test_the_trainer_echoes_its_overrides_at_start(capsys, tmp_path, monkeypatch
     (workdir / "config.json").write_text(json.dumps(to_dict(override(tiny.config(), ["model.depth=3"]))))
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(to_dict(tiny.config())))
-    status, _, err = command(capsys, "--config", str(config_file), "--workdir", str(workdir), "--no-progress",
+    status, out, _ = command(capsys, "--config", str(config_file), "--workdir", str(workdir), "--no-progress",
                              "--set", "model.depth=4", "--set", "optim.peak_lr=1e-3")
     assert status == 2
-    assert f"config {config_file} with model.depth=4 (was {tiny.config().model.depth}), optim.peak_lr=0.001 (was " in err
+    assert f"config {config_file} with model.depth=4 (was {tiny.config().model.depth}), optim.peak_lr=0.001 (was " in out

@@ -127,7 +127,7 @@ COMMANDS = [
      "python -m analysis optimal: error: "),
     (analysis_cli.main, ["plot", MISSING, "--out", "figures"], "python -m analysis plot: error: "),
     (analysis_cli.main, ["synthetic", "--out", f"{MISSING}/sweep.csv"], "python -m analysis synthetic: error: "),
-    (train.main, ["--config", "tiny", "--workdir", MISSING], "error: "),
+    (train.main, ["--config", "tiny", "--workdir", MISSING], "python -m scaling.train: error: "),
     (data.main, ["cache", "--source", "builtin", "--cache-dir", f"{MISSING}/tokens"], "error: "),
     (migrate_records.main, [MISSING], "error: "),
 ]
@@ -153,7 +153,7 @@ def test_every_command_says_one_line_and_exits_2(closed_port, capsys, main, argv
 def test_the_trainer_checks_a_token_cache_on_gs_too(closed_port, capsys, tmp_path):
     argv = ["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", f"data.cache_dir={MISSING}"]
     assert train.main(argv) == 2
-    assert capsys.readouterr().err.startswith(f"error: {MISSING}: cannot reach Cloud Storage")
+    assert capsys.readouterr().err.startswith(f"python -m scaling.train: error: {MISSING}: cannot reach Cloud Storage")
 
 
 def test_status_on_an_unreachable_bucket_is_one_line_from_the_command_line(tmp_path):
