@@ -511,3 +511,18 @@ def test_a_run_another_launcher_finishes_after_the_check_is_not_reported_as_trai
     text = printed.out + printed.err
     assert text.count("already finished by another launcher") == len(tiny.run_dirs(tmp_path / "runs")), text
     assert "finished, eval loss" not in text, text
+
+
+def test_a_finished_share_says_so_and_shows_its_own_runs(tmp_path, capsys):
+    sweep_file = write_sweep(tmp_path, "done", "depths=(1, 2), widths={1: (16, 32), 2: (16, 32)}")
+    runs = spec.load_sweep(sweep_file).expand().runs
+    workdir = tmp_path / "runs"
+    for run in runs:
+        write_record(run, workdir, loss=2.5)
+    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir), "--shard", "0/2"]) == 0
+    out, err = capsys.readouterr()
+    assert "0/0 runs" not in out + err
+    table_names = {line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in
+                   {run.name for run in runs}}
+    assert 1 <= len(table_names) < 4  # this share's runs, not the whole sweep's
+    assert f"this share's {len(table_names)} of the sweep's 4 runs" in out and f"status {sweep_file}" in out
