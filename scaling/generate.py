@@ -70,7 +70,7 @@ def check_samplable(config) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _sampler(model_config: ModelConfig, window: int, new_tokens: int, greedy: bool, top_k: int | None,
-             banned: tuple[int, ...]):
+             banned: tuple[int, ...], multipliers=None):
     """A jitted ``(params, context [window], length, temperature, key, start) -> (context, length, new tokens
     [new_tokens])``: ``new_tokens`` more tokens, the i-th drawn with the key folded with ``start + i``, so
     that a text made a chunk at a time is the text made at once."""
@@ -79,7 +79,8 @@ def _sampler(model_config: ModelConfig, window: int, new_tokens: int, greedy: bo
 
     from scaling.model import Transformer
 
-    model = Transformer(model_config)
+    # The run's parametrization's multipliers (μP, CompleteP) are part of the function it learned.
+    model = Transformer(model_config) if multipliers is None else Transformer(model_config, multipliers=multipliers)
 
     def sample(params, context, length, temperature, key, start):
         def step(index, carry):
@@ -115,7 +116,7 @@ def generate_chunks(run, prompt_ids, sampling: Sampling, chunk: int = CHUNK_TOKE
     shorter); together they are exactly ``generate``'s tokens."""
     import jax
 
-    from scaling import mesh as mesh_lib
+    from scaling import mesh as mesh_lib, parametrization
 
     check_samplable(run.config)
     prompt_ids = np.asarray(prompt_ids, np.int32)
@@ -132,7 +133,8 @@ def generate_chunks(run, prompt_ids, sampling: Sampling, chunk: int = CHUNK_TOKE
     model_config = dataclasses.replace(run.config.model, attention_impl="xla", dropout=0.0)
     size = min(chunk, sampling.max_new_tokens)  # one compiled size; the last chunk's extra tokens are dropped
     sampler = _sampler(model_config, window, size, sampling.greedy, sampling.top_k,
-                       (run.pad_id, run.mask_id, run.cls_id))
+                       (run.pad_id, run.mask_id, run.cls_id),
+                       parametrization.multipliers(run.config.optim, run.config.model))
     replicated = mesh_lib.replicated(run.program.mesh)
     state = (jax.device_put(context, replicated), jax.device_put(np.int32(len(kept)), replicated))
     temperature = jax.device_put(np.float32(sampling.temperature or 1.0), replicated)

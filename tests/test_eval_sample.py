@@ -313,3 +313,46 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(reference, tmp
     assert "does not read back" in capsys.readouterr().err
     # Nothing in the run directory was moved or written.
     assert (copy / "checkpoints" / str(tiny.STEPS)).is_dir() and not (copy / "checkpoints-set-aside").exists()
+
+
+def test_sampling_computes_the_runs_parametrization():
+    """A CompleteP run's residual branches are scaled (base depth 8, depth 1: ×8): sampling must use the
+    function the run learned, not the standard parametrization's."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from scaling import parametrization
+    from scaling.model import Transformer
+
+    base = tiny.config()
+    config = dataclasses.replace(base, optim=dataclasses.replace(base.optim, parametrization="completep",
+                                                                           base_depth=8),
+                                 model=dataclasses.replace(base.model, vocab_size=260))
+    multipliers = parametrization.multipliers(config.optim, config.model)
+    assert multipliers.residual != 1.0
+    right, wrong = Transformer(config.model, multipliers=multipliers), Transformer(config.model)
+    window = config.model.max_seq_len
+    params = right.init(jax.random.PRNGKey(0), np.zeros((1, window), np.int32))["params"]
+    params = jax.tree_util.tree_map(lambda leaf: getattr(leaf, "value", leaf), params,
+                                    is_leaf=lambda leaf: hasattr(leaf, "value"))
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    params = jax.tree_util.tree_unflatten(tree, [x + 0.5 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    run = SimpleNamespace(config=config, params=params, pad_id=256, eos_id=257, mask_id=258, cls_id=259,
+                          vocab_size=260, program=SimpleNamespace(mesh=jax.sharding.Mesh(np.array(jax.devices()[:1]),
+                                                                                         ("data",))))
+    prompt = np.array(list(b"The "), np.int32)
+    sampled = generate.generate(run, prompt, generate.Sampling(max_new_tokens=12, temperature=1.0, seed=4))
+
+    def draw(model):  # what sampling computes, written out: softmax(logits) drawn with the step's key
+        context, key = list(prompt), jax.random.PRNGKey(4)
+        for index in range(12):
+            padded = np.full((1, window), run.pad_id, np.int32)
+            padded[0, :len(context)] = context
+            logits = np.array(model.apply({"params": params}, padded))[0, len(context) - 1]
+            logits[[run.pad_id, run.mask_id, run.cls_id]] = -np.inf
+            context.append(int(jax.random.categorical(jax.random.fold_in(key, index), logits)))
+        return context[len(prompt):]
+
+    assert draw(right) != draw(wrong)  # the multipliers matter here, so the test can tell
+    assert sampled.tolist() == draw(right)
