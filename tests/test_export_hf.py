@@ -148,3 +148,26 @@ def test_tied_embeddings_with_an_output_multiplier_are_refused(tmp_path):
     run = random_run(tie_embeddings=True, parametrization="mup")
     with pytest.raises(ValueError, match="tied embeddings with an output multiplier"):
         export_hf.export(run, tmp_path / "hf")
+
+
+def test_the_docs_export_block_runs(tiny_reference, tmp_path):
+    """docs/training.md's export commands, as written, on a copy of a trained run at runs/tiny."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    _require_hf()
+    page = (REPO / "docs" / "training.md").read_text()
+    block = re.search(r"## Export to Hugging Face.*?```bash\n(.*?)```", page, flags=re.S).group(1)
+    commands = [line for line in block.splitlines() if line.strip() and "pip install" not in line]
+    assert len(commands) == 2
+    shutil.copytree(tiny_reference[0], tmp_path / "runs" / "tiny")
+    for command in commands:
+        done = subprocess.run(command.replace("python3 ", f"{sys.executable} ", 1), shell=True, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])})
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("gpt2 ")
