@@ -99,7 +99,8 @@ def gpt2_tensors(config: TrainConfig, params: dict) -> tuple[dict, dict]:
         q, k, v = (attention[name]["kernel"].reshape(width, -1) for name in ("query", "key", "value"))
         qb, kb, vb = (_bias(attention[name], width) for name in ("query", "key", "value"))
         tensors |= {
-            prefix + "ln_1.weight": layer["attention_norm"]["scale"], prefix + "ln_1.bias": layer["attention_norm"]["bias"],
+            prefix + "ln_1.weight": layer["attention_norm"]["scale"],
+            prefix + "ln_1.bias": layer["attention_norm"]["bias"],
             prefix + "ln_2.weight": layer["mlp_norm"]["scale"], prefix + "ln_2.bias": layer["mlp_norm"]["bias"],
             prefix + "attn.c_attn.weight": np.concatenate([q * scales.attention, k, v], axis=1),
             prefix + "attn.c_attn.bias": np.concatenate([qb * scales.attention, kb, vb]),

@@ -70,4 +70,5 @@ def test_the_trainer_echoes_its_overrides_at_start(capsys, tmp_path, monkeypatch
     status, out, _ = command(capsys, "--config", str(config_file), "--workdir", str(workdir), "--no-progress",
                              "--set", "model.depth=4", "--set", "optim.peak_lr=1e-3")
     assert status == 2
-    assert f"config {config_file} with model.depth=4 (was {tiny.config().model.depth}), optim.peak_lr=0.001 (was " in out
+    depth = tiny.config().model.depth
+    assert f"config {config_file} with model.depth=4 (was {depth}), optim.peak_lr=0.001 (was " in out
