@@ -267,7 +267,15 @@ def cmd_curves(args) -> int:
     out = epath.Path(args.out)
     if out.exists() and not out.is_dir():
         raise AnalysisInputError(f"--out {args.out}: is a file; give a directory for the figures")
-    runs, notes = curves.load_curves(args.source)
+    from scaling.rundir import resolve_run_dir
+
+    source = args.source
+    if not epath.Path(source).exists():  # a sweep's run by its name (runs/smoke/L1-d128-s0)
+        try:
+            source = str(resolve_run_dir(source))
+        except ValueError as error:
+            raise AnalysisInputError(str(error)) from None
+    runs, notes = curves.load_curves(source)
     name = epath.Path(str(args.source).rstrip("/")).name or str(args.source)
     paths = curves.write_curves(runs, args.out, by=args.by, source=name, log=args.log)
     if args.json:

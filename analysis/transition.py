@@ -211,12 +211,14 @@ class Transition:
         raise AnalysisInputError(f"unknown estimate {which!r}; choose from {', '.join(ESTIMATES)}")
 
     def size_lines(self) -> list[str]:
-        """One text line per compared size: both losses, the difference with its interval, the verdict."""
+        """One text line per compared size: both losses, the difference with its interval, the verdict. The
+        sizes are the shallower depth's (its width is named); the deeper depth's loss there is interpolated in
+        ln N between its own sizes (``analysis.comparison``), and the line says so."""
         if self.comparison is None:
             return []
         shallow, deep = self.shallow_depth, self.deep_depth
-        return [f"N={row['params']:.3g} (width {row['width']:.0f}): L={shallow} {row['loss_shallow']:.4f}, "
-                f"L={deep} {row['loss_deep']:.4f}, difference {row['diff']:+.4f} "
+        return [f"N={row['params']:.3g} (L={shallow} width {row['width']:.0f}): L={shallow} {row['loss_shallow']:.4f}, "
+                f"L={deep} {row['loss_deep']:.4f} (interpolated in ln N), difference {row['diff']:+.4f} "
                 f"({row['interval_level']:.0%} interval {row['diff_interval'][0]:+.4f} to "
                 f"{row['diff_interval'][1]:+.4f}): {row['verdict']}" for row in self.comparison.rows()]
 

@@ -56,19 +56,22 @@ def positive_int(text: str) -> int:
 
 
 def run_dir_command(parser: argparse.ArgumentParser, argv, use) -> int:
-    """The frame of a command that uses a trained run (``eval``, ``sample``): parse ``argv``, set up the
-    CPU allocator before JAX starts, check that the buckets of its ``gs://`` paths answer (the run directory,
-    ``--data`` files), and return ``use(args)``'s exit status, or 2 with one line on stderr for an unusable
-    run directory, bucket, input or file (``RunDirError``, ``ValueError``, ``OSError``)."""
+    """The frame of a command that uses a trained run (``eval``, ``sample``, ``export``): parse ``argv``,
+    find the run directory (a sweep's run may be named: ``runs/smoke/L1-d128-s0``, ``rundir.resolve_run_dir``),
+    set up the CPU allocator before JAX starts, check that the buckets of its ``gs://`` paths answer (the run
+    directory, ``--data`` files), and return ``use(args)``'s exit status, or 2 with one line on stderr for an
+    unusable run directory, bucket, input or file (``RunDirError`` is a ``ValueError``; ``OSError``)."""
     args = parser.parse_args(argv)
     from scaling.cpu_allocator import tune_cpu_allocator
 
     tune_cpu_allocator()
+    from scaling.rundir import resolve_run_dir
     from scaling.storage import check_access
 
     try:
         # Seconds and one line, instead of a minute of storage client retries before "no such run directory".
         check_access(args.run_dir, *getattr(args, "data", ()))
+        args.run_dir = str(resolve_run_dir(args.run_dir))
         return use(args)
     except (ValueError, OSError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)

@@ -414,7 +414,9 @@ def override(config, assignments: list[str]):
         for part in sections:
             node = node.get(part)
             if not isinstance(node, dict):
-                raise ValueError(f"override {key!r}: {part!r} is not a config section")
+                raise ValueError(f"override {key!r}: {part!r} is not a config section{_near(key, data)}")
+        if leaf not in node:
+            raise ValueError(f"override {key}: unknown field{_near(key, data)}")
         if isinstance(node.get(leaf), dict):
             raise ValueError(f"override {key!r}: {key} is a config section; set one of its fields, "
                              f"e.g. {key}.{next(iter(node[leaf]))}=...")
@@ -424,6 +426,29 @@ def override(config, assignments: list[str]):
             raise ValueError(f"override {key}={text}: {key} is a number (now {current}), not true/false")
         node[leaf] = value
     return from_dict(type(config), data)
+
+
+def dotted_keys(data: dict, prefix: str = "") -> list[str]:
+    """Every field of a nested config dict as a ``--set`` key (``model.num_heads``), in order."""
+    keys = []
+    for name, value in data.items():
+        keys += dotted_keys(value, f"{prefix}{name}.") if isinstance(value, dict) else [prefix + name]
+    return keys
+
+
+def _near(key: str, data: dict) -> str:
+    """``"; did you mean model.num_heads?"``: the ``--set`` keys nearest ``key`` (whole key or its last
+    part), or a pointer to the command that lists them all."""
+    import difflib
+
+    keys = dotted_keys(data)
+    by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
+    near = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    near += [by_leaf[leaf] for leaf in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(by_leaf), n=3,
+                                                                 cutoff=0.7) if by_leaf[leaf] not in near]
+    if near:
+        return f"; did you mean {' or '.join(near[:3])}?"
+    return "; `depth-width-train config --config tiny` lists every key"
 
 
 # Fields that do not change what a run computes: two configs differing only

@@ -84,6 +84,37 @@ def _texts_from_stream(dataset, field: str, limit: int, where: str, show_progres
     return texts
 
 
+def check_hub_reachable(config: DataConfig, timeout_seconds: float = 5.0) -> None:
+    """``ValueError`` (one line) when ``config`` streams a dataset from the Hugging Face Hub and the Hub's
+    host takes no connection within ``timeout_seconds``: said at once, not after a minute of the client's
+    retries. Nothing is checked when the Hub is not needed (another source, a pre-built ``cache_dir``, a
+    local folder as ``hub_name``, ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) or when a proxy is
+    configured (the connection is then the proxy's to make)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if config.source != "hub" or config.cache_dir or os.path.isdir(os.path.expanduser(config.hub_name)):
+        return
+    if any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("HF_HUB_OFFLINE",
+                                                                                "HF_DATASETS_OFFLINE")):
+        return
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    from huggingface_hub import constants
+
+    endpoint = urlparse(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout_seconds).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(f"data.hub_name {config.hub_name!r}: cannot reach the Hugging Face Hub at "
+                         f"{constants.ENDPOINT} ({reason}); check the network, set HF_HUB_OFFLINE=1 to read "
+                         "a dataset already in the local cache, or pass a pre-built token cache as "
+                         "data.cache_dir") from None
+
+
 def load_hub_documents(config: DataConfig, show_progress: bool = False) -> list[str]:
     """Up to ``config.max_documents`` texts streamed from a Hugging Face
     dataset (hub name, or a local folder laid out like a hub dataset repo)."""

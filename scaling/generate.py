@@ -9,8 +9,10 @@ The run's newest checkpoint is read back onto this machine's devices
   most likely tokens only, with the random key ``--seed`` (the same seed,
   prompt and settings give the same text on the same machine).
 
-The context is the last ``model.max_seq_len`` tokens (the positions the
-model learned). Each new token runs the model over the whole context again
+The text is printed as it is made, ``CHUNK_TOKENS`` tokens at a time (the
+same tokens as made at once). The context is the last ``model.max_seq_len``
+tokens (the positions the model learned); a longer text slides that window,
+and the command says so. Each new token runs the model over the whole context again
 (no key-value cache): simple, and fast enough for the small models of this
 project. The end-of-document token may be generated (it is printed as a
 blank line, the break between documents); the other special tokens (pad,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sys
 
 import numpy as np
 
@@ -67,16 +70,19 @@ def check_samplable(config) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _sampler(model_config: ModelConfig, window: int, new_tokens: int, greedy: bool, top_k: int | None,
-             banned: tuple[int, ...]):
-    """A jitted ``(params, context [window], length, temperature, key) -> new tokens [new_tokens]``."""
+             banned: tuple[int, ...], multipliers=None):
+    """A jitted ``(params, context [window], length, temperature, key, start) -> (context, length, new tokens
+    [new_tokens])``: ``new_tokens`` more tokens, the i-th drawn with the key folded with ``start + i``, so
+    that a text made a chunk at a time is the text made at once."""
     import jax
     import jax.numpy as jnp
 
     from scaling.model import Transformer
 
-    model = Transformer(model_config)
+    # The run's parametrization's multipliers (μP, CompleteP) are part of the function it learned.
+    model = Transformer(model_config) if multipliers is None else Transformer(model_config, multipliers=multipliers)
 
-    def sample(params, context, length, temperature, key):
+    def sample(params, context, length, temperature, key, start):
         def step(index, carry):
             context, length, new = carry
             logits = model.apply({"params": params}, context[None])[0, jnp.minimum(length, window) - 1]
@@ -88,7 +94,7 @@ def _sampler(model_config: ModelConfig, window: int, new_tokens: int, greedy: bo
                 if top_k is not None:
                     kth = jax.lax.top_k(logits, top_k)[0][-1]
                     logits = jnp.where(logits < kth, -jnp.inf, logits)
-                token = jax.random.categorical(jax.random.fold_in(key, index), logits)
+                token = jax.random.categorical(jax.random.fold_in(key, start + index), logits)
             token = token.astype(context.dtype)
             # A full context drops its oldest token; the new one goes after the last.
             context = jnp.where(length >= window, jnp.roll(context, -1), context)
@@ -96,17 +102,21 @@ def _sampler(model_config: ModelConfig, window: int, new_tokens: int, greedy: bo
             return context, length + 1, new.at[index].set(token)
 
         new = jnp.zeros((new_tokens,), context.dtype)
-        return jax.lax.fori_loop(0, new_tokens, step, (context, length, new))[2]
+        return jax.lax.fori_loop(0, new_tokens, step, (context, length, new))
 
     return jax.jit(sample)
 
 
-def generate(run, prompt_ids, sampling: Sampling) -> np.ndarray:
-    """``sampling.max_new_tokens`` token ids continuing ``prompt_ids`` (a non-empty sequence of ids), from
-    ``run`` (a ``scaling.restore.TrainedRun`` of a causal LM)."""
+CHUNK_TOKENS = 32  # tokens per compiled call when streaming: text appears as it is made
+
+
+def generate_chunks(run, prompt_ids, sampling: Sampling, chunk: int = CHUNK_TOKENS):
+    """Yield the ``sampling.max_new_tokens`` token ids continuing ``prompt_ids`` (a non-empty sequence of
+    ids) from ``run`` (a ``scaling.restore.TrainedRun`` of a causal LM), ``chunk`` at a time (the last one
+    shorter); together they are exactly ``generate``'s tokens."""
     import jax
 
-    from scaling import mesh as mesh_lib
+    from scaling import mesh as mesh_lib, parametrization
 
     check_samplable(run.config)
     prompt_ids = np.asarray(prompt_ids, np.int32)
@@ -121,13 +131,23 @@ def generate(run, prompt_ids, sampling: Sampling) -> np.ndarray:
         raise ValueError(f"top_k={sampling.top_k} is invalid: allowed 1 to the vocabulary's {run.vocab_size}")
     # The same function as the run's attention either way; the XLA one runs on any length and device.
     model_config = dataclasses.replace(run.config.model, attention_impl="xla", dropout=0.0)
-    sampler = _sampler(model_config, window, sampling.max_new_tokens, sampling.greedy, sampling.top_k,
-                       (run.pad_id, run.mask_id, run.cls_id))
+    size = min(chunk, sampling.max_new_tokens)  # one compiled size; the last chunk's extra tokens are dropped
+    sampler = _sampler(model_config, window, size, sampling.greedy, sampling.top_k,
+                       (run.pad_id, run.mask_id, run.cls_id),
+                       parametrization.multipliers(run.config.optim, run.config.model))
     replicated = mesh_lib.replicated(run.program.mesh)
-    new = sampler(run.params, jax.device_put(context, replicated), jax.device_put(np.int32(len(kept)), replicated),
-                  jax.device_put(np.float32(sampling.temperature or 1.0), replicated),
-                  jax.device_put(jax.random.PRNGKey(sampling.seed), replicated))
-    return np.asarray(jax.device_get(new))
+    state = (jax.device_put(context, replicated), jax.device_put(np.int32(len(kept)), replicated))
+    temperature = jax.device_put(np.float32(sampling.temperature or 1.0), replicated)
+    key = jax.device_put(jax.random.PRNGKey(sampling.seed), replicated)
+    for start in range(0, sampling.max_new_tokens, size):
+        *state, new = sampler(run.params, *state, temperature, key, jax.device_put(np.int32(start), replicated))
+        yield np.asarray(jax.device_get(new))[:sampling.max_new_tokens - start]
+
+
+def generate(run, prompt_ids, sampling: Sampling) -> np.ndarray:
+    """``sampling.max_new_tokens`` token ids continuing ``prompt_ids`` (a non-empty sequence of ids), from
+    ``run`` (a ``scaling.restore.TrainedRun`` of a causal LM)."""
+    return np.concatenate(list(generate_chunks(run, prompt_ids, sampling)))
 
 
 def encode_prompt(run, prompt: str) -> np.ndarray:
@@ -165,7 +185,9 @@ def parser(prog: str):
     result.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (local or gs://) holding config.json "
                         "and checkpoints/")
     result.add_argument("--prompt", default="", help="text to continue (default: none, a new document)")
-    result.add_argument("--max-new-tokens", type=cli.positive_int, default=200, help="tokens to generate (200)")
+    result.add_argument("--max-new-tokens", type=cli.positive_int, default=200,
+                        help="tokens to generate (200); printed as they are made. Past the model's context "
+                             "(model.max_seq_len) it sees only the last tokens")
     choice = result.add_mutually_exclusive_group()
     choice.add_argument("--greedy", action="store_true", help="always the most likely token (same as "
                                                               "--temperature 0)")
@@ -190,11 +212,30 @@ def _sample(args) -> int:
     sampling = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.seed)
     check_samplable(read_config(args.run_dir))  # before reading any checkpoint
     run = load_run(args.run_dir, overrides=tuple(args.overrides))
-    new = generate(run, encode_prompt(run, args.prompt), sampling)
-    completion = decode(run, new)
+    prompt_ids = encode_prompt(run, args.prompt)
+    window = run.config.model.max_seq_len
+    if len(prompt_ids) + sampling.max_new_tokens > window:
+        print(f"note: the model sees the last {window} tokens (model.max_seq_len); past that the window slides "
+              "and the text forgets its beginning", file=sys.stderr)
     if args.json:
+        new = generate(run, prompt_ids, sampling)
         print(json.dumps({"run_dir": str(run.run_dir), "step": run.step, "prompt": args.prompt,
-                          "completion": completion, "new_tokens": new.tolist(), **dataclasses.asdict(sampling)}))
-    else:
-        print(args.prompt + completion)
+                          "completion": decode(run, new), "new_tokens": new.tolist(),
+                          **dataclasses.asdict(sampling)}))
+        return 0
+    _stream(run, args.prompt, generate_chunks(run, prompt_ids, sampling))
     return 0
+
+
+def _stream(run, prompt: str, chunks) -> None:
+    """Print the prompt, then the text of each chunk as it comes. A character whose bytes are split between
+    chunks is held back until it is whole (the byte tokenizer decodes a partial one as U+FFFD)."""
+    print(prompt, end="", flush=True)
+    ids, shown = [], 0
+    for chunk in chunks:
+        ids += chunk.tolist()
+        text = decode(run, ids)
+        whole = len(text.rstrip("\ufffd"))
+        print(text[shown:whole], end="", flush=True)
+        shown = whole
+    print(decode(run, ids)[shown:], flush=True)

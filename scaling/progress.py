@@ -20,11 +20,20 @@ from tqdm_loggable import tqdm_logging as loggable
 
 
 def is_terminal(stream) -> bool:
-    """Whether ``stream`` is an interactive terminal (False for files, pipes and closed streams)."""
+    """Whether ``stream`` is an interactive terminal that a bar fits on (False for files, pipes, closed
+    streams, and a terminal that reports a width of 0 columns, as some serial consoles and CI runners
+    do: tqdm would draw nothing there, so such a terminal gets the plain lines of a log file)."""
     try:
-        return bool(stream.isatty())
+        if not stream.isatty():
+            return False
     except (AttributeError, ValueError):
         return False
+    import os
+
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, ValueError, OSError):
+        return True  # a terminal whose size cannot be read: tqdm falls back to its own width
 
 
 def bar(*, total: int, desc: str, unit: str, file=None, initial: int = 0, leave: bool = True,

@@ -113,3 +113,58 @@ def checkpoint_steps(run_dir) -> list[int]:
     if is_remote(str(checkpoints)):
         folders = [p for p in folders if (p / COMMIT_FILE).exists()]
     return sorted(int(p.name) for p in folders)
+
+def _sweep_listing(sweep_dir: epath.Path) -> dict[str, str]:
+    """Run name -> folder, as the sweep's ``sweep.json`` lists its runs (empty without a readable one)."""
+    try:
+        runs = json.loads((sweep_dir / "sweep.json").read_text()).get("runs", [])
+        return {run["name"]: run["run_id"] for run in runs}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
+
+def run_names(sweep_dir: epath.Path) -> dict[str, list[str]]:
+    """Run name -> the folders under ``sweep_dir`` that hold a run of that name (their ``config.json``'s
+    ``name``). A sweep's run folders are hashes of their configs (``scaling.config.config_id``); this is
+    how a person's name for a run finds its folder."""
+    folders: dict[str, list[str]] = {}
+    for child in sorted(sweep_dir.iterdir(), key=lambda p: p.name):
+        try:
+            name = json.loads((child / "config.json").read_text()).get("name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if name:
+            folders.setdefault(name, []).append(child.name)
+    return folders
+
+
+def resolve_run_dir(path) -> epath.Path:
+    """The run directory ``path`` names: ``path`` itself when it is a directory, else, when its last part
+    is a run's name inside a sweep directory (``runs/smoke/L1-d128-s0``), that run's hashed folder
+    (``runs/smoke/3f2a…``). Where several folders hold runs of that name (a sweep whose settings changed),
+    the one the sweep's ``sweep.json`` lists now is chosen. ``ValueError`` (one line, naming the nearest
+    names) when no run, or several unlisted runs, carry the name. A path whose parent is no directory is
+    returned unchanged, for the caller's own "no such run directory"."""
+    import difflib
+
+    run_dir = absolute_path(path)
+    if run_dir.is_dir() or not run_dir.parent.is_dir():
+        return run_dir
+    name, sweep_dir = run_dir.name, run_dir.parent
+    folders = run_names(sweep_dir)
+    found = folders.get(name, [])
+    listed = _sweep_listing(sweep_dir).get(name)
+    if len(found) == 1 or listed in found:
+        return sweep_dir / (listed if listed in found else found[0])
+    if found:
+        raise ValueError(f"{path}: {len(found)} runs in {sweep_dir} are named {name!r} (folders "
+                         f"{', '.join(found)}); give the folder")
+    near = difflib.get_close_matches(name, list(folders), n=5, cutoff=0.5)
+    if near:
+        hint = f"; nearest run names: {', '.join(near)}"
+    elif folders:
+        names = sorted(folders)
+        hint = f"; its runs are named {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+    else:
+        hint = ""
+    raise ValueError(f"{path}: no such run directory, and no run in {sweep_dir} is named {name!r}{hint}")

@@ -25,6 +25,7 @@ PRESETS = {
         steps=300, batch_size=16, eval_every=100, eval_batches=8, checkpoint_every=50, log_every=10,
         name="tiny"),
 }
+PRESET_NOTES = {"tiny": "L=2, d=64, 300 steps on the built-in corpus, about a minute on a CPU"}
 
 
 def load_config(preset_or_file: str) -> TrainConfig:
@@ -48,12 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     prog = cli.prog("python -m scaling.train")
     parser = cli.Parser(
         prog=prog,
+        usage=f"{prog} --config PRESET_OR_FILE --workdir DIR [--set KEY=VALUE ...] [options]\n"
+              f"       {prog} {{{','.join(USE_COMMANDS)}}} ... (a trained run or a config; e.g. {prog} eval --help)",
         description="Train one transformer LM into a run directory. Rerunning the same command resumes from the "
                     "latest checkpoint, or does nothing if the run already finished. 'eval RUN_DIR' and "
-                    "'sample RUN_DIR' use a trained run instead (see 'eval --help', 'sample --help').",
+                    "'sample RUN_DIR' use a trained run instead (see 'eval --help', 'sample --help'); "
+                    "'config' prints the resolved config and its --set keys, 'export' writes a run as a "
+                    "Hugging Face model (each has --help).",
         epilog=f"Example: {prog} --config tiny --workdir runs/tiny --set optim.peak_lr=1e-3")
     parser.add_argument("--config", required=True,
-                        help=f"a preset ({', '.join(PRESETS)}), a run's config.json, or a .py file defining config()")
+                        help="a preset (" + "; ".join(f"{name}: {PRESET_NOTES[name]}" for name in PRESETS)
+                             + "), a run's config.json, or a .py file defining config()")
     parser.add_argument("--workdir", required=True, help="run directory (local path or gs:// URI)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. model.depth=4 or optim.lr_rule=mup (repeatable)")
@@ -64,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write a jax.profiler trace of STEPS steps after the first START into "
                              "WORKDIR/profile (open it in TensorBoard or Perfetto), e.g. 10:5")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--json", action="store_true", help="end with the run's result as one JSON object "
+                                                            "instead of a sentence")
     parser.add_argument("--coordinator", help="multi-process start-up: coordinator host:port (on a pod, use "
                                               "the sweep command's run --pod-wide, which finds it)")
     parser.add_argument("--num-processes", type=int, help="with --coordinator: total number of processes")
@@ -81,7 +89,20 @@ def _profile_steps(text: str) -> tuple[int, int]:
 
 
 # Commands that use a trained run, each a module of its own with a ``main(argv, prog)``.
-USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate"}
+USE_COMMANDS = {"eval": "scaling.evaluate", "sample": "scaling.generate", "config": "scaling.config_cli",
+                "export": "scaling.export_hf"}
+
+
+def named_for_workdir(config: TrainConfig, preset: str, overrides: list[str], workdir: str) -> TrainConfig:
+    """A preset's run named after its work directory (``runs/tiny-deep`` -> ``tiny-deep``), so that the
+    progress lines of several runs of one preset say which is which; an explicit ``--set name=...``, a
+    config file's own name and the run id are left alone (the name is no part of the run id)."""
+    import dataclasses
+
+    if preset not in PRESETS or any(o.partition("=")[0] == "name" for o in overrides):
+        return config
+    name = os.path.basename(os.path.normpath(workdir.rstrip("/"))) or config.name
+    return dataclasses.replace(config, name=name)
 
 
 def main(argv=None) -> int:
@@ -96,19 +117,25 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_access(args.workdir, args.config)  # one line now, not a minute of client retries later
-        config = override(load_config(args.config), args.overrides)
+        base = load_config(args.config)
+        config = named_for_workdir(override(base, args.overrides), args.config, args.overrides, args.workdir)
         if args.init_from:
             check_access(args.init_from)
             from scaling.rundir import absolute_path  # one spelling of the parent, whatever the working directory
 
             config = override(config, [f"init_from={absolute_path(args.init_from)}"])
         check_access(config.data.cache_dir)
+        from scaling.corpus import check_hub_reachable
+
+        check_hub_reachable(config.data)  # one line now, not a minute of the hub client's retries
     except (StorageAccessError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{_prog()}: error: {error}", file=sys.stderr)
         return 2
     if not is_remote(args.workdir) and os.path.isfile(os.path.expanduser(args.workdir)):
-        print(f"error: --workdir {args.workdir}: is a file, not a directory", file=sys.stderr)
+        print(f"{_prog()}: error: --workdir {args.workdir}: is a file, not a directory", file=sys.stderr)
         return 2
+    if args.overrides:
+        print(overrides_line(args.config, base, config, args.overrides), flush=True)  # stdout: errors stay one line
     from scaling.cpu_allocator import tune_cpu_allocator
 
     tune_cpu_allocator()  # before JAX starts its CPU backend
@@ -117,6 +144,21 @@ def main(argv=None) -> int:
 
     mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     return exit_now_if_abandoned(_run_command(config, args))
+
+
+def overrides_line(source: str, base: TrainConfig, config: TrainConfig, overrides: list[str]) -> str:
+    """``config tiny with model.depth=4 (was 2), ...``: what ``--set`` changed, said once at start."""
+    from scaling.config import to_dict
+
+    before, after = to_dict(base), to_dict(config)
+    changes = []
+    for assignment in overrides:
+        key = assignment.partition("=")[0]
+        old, new = before, after
+        for part in key.split("."):
+            old, new = old[part], new[part]
+        changes.append(f"{key}={json.dumps(new)} (was {json.dumps(old)})")
+    return f"config {source} with {', '.join(changes)}"
 
 
 def _run_command(config: TrainConfig, args) -> int:
@@ -139,18 +181,35 @@ def _run_command(config: TrainConfig, args) -> int:
     except Exception as error:  # noqa: BLE001 - a failure's traceback is in the run's error.log
         end = ending(error)
         if end.exit_code == PREEMPTED_EXIT_CODE:
-            print(str(error), file=sys.stderr)
+            print(f"{error}; rerun the same command to resume", file=sys.stderr)
         elif end.status != "failed":
-            print(f"error: {error}", file=sys.stderr)
+            print(f"{_prog()}: error: {error}", file=sys.stderr)
         else:
-            print(f"error: run failed: {rundir.one_line(error)} ({_where_logged(error, args.workdir)})",
+            print(f"{_prog()}: error: run failed: {rundir.one_line(error)} ({_where_logged(error, args.workdir)})",
                   file=sys.stderr)
         return end.exit_code
     if jax.process_index() == 0:
         # wall_seconds: the whole run; train_seconds: its steps alone, compiling excluded (records.RunRecord)
-        print(json.dumps({k: getattr(result, k) for k in ("status", "name", "final_eval_loss", "steps", "tokens",
-                                                          "train_seconds", "wall_seconds")}))
+        if args.json:
+            print(json.dumps({k: getattr(result, k) for k in ("status", "name", "final_eval_loss", "steps",
+                                                              "tokens", "train_seconds", "wall_seconds")}))
+        else:
+            print(result_sentence(result, args.workdir))
     return ending(None, result.status).exit_code
+
+
+def result_sentence(result, workdir: str) -> str:
+    """``tiny: finished, eval loss 2.1234, 300 steps in ... ; records in runs/tiny``, as the launcher says it."""
+    from scaling import progress
+    from scaling.cli import fmt
+
+    return (f"{result.name}: {result.status}, eval loss {fmt(result.final_eval_loss, '.4f')}, "
+            f"{progress.run_time(result.steps, result.train_seconds, result.wall_seconds)}; record in "
+            f"{os.path.join(workdir, 'result.json')}")
+
+
+def _prog() -> str:
+    return cli.prog("python -m scaling.train")
 
 
 def _where_logged(error: Exception, workdir: str) -> str:

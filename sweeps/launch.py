@@ -58,6 +58,7 @@ import json
 import os
 import sys
 
+from scaling import cli
 from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
 from sweeps import hosts, packing
@@ -286,8 +287,7 @@ def cmd_run(sweep: Sweep, args) -> int:
     all_states = read_states(runs, args.workdir)
     if main_process:
         print(status_json(sweep, all_states, skipped, f"all {len(runs)} runs", args.workdir, pack) if args.json
-              else summary(sweep, all_states, args.workdir, _shown_packs(plan_from_states(all_states, pack), pack)),
-              flush=True)
+              else _run_summary(sweep, all_states, mine, args, pack), flush=True)
         if loop.busy:
             say(busy_lib.exit_message([run.name for run in loop.busy]))
         # Only when this launch had runs to train: a no-op rerun of a finished sweep would otherwise add
@@ -298,6 +298,18 @@ def cmd_run(sweep: Sweep, args) -> int:
     if loop.failed or any(s.status == "failed" for s in all_states if s.spec.run_id in mine_ids):
         return 1
     return PREEMPTED_EXIT_CODE if loop.busy else 0  # busy: held elsewhere with --when-busy exit; retry later
+
+
+def _run_summary(sweep: Sweep, states: list[RunState], mine: list, args, pack: int) -> str:
+    """The end-of-run summary: of the whole sweep, or of this share's runs only when a share was run
+    (``--shard``, ``--only``; ``status`` shows the whole sweep)."""
+    ids = {run.run_id for run in mine}
+    shown = [state for state in states if state.spec.run_id in ids]
+    text = summary(sweep, shown, args.workdir, _shown_packs(plan_from_states(shown, pack), pack))
+    if len(shown) == len(states):
+        return text
+    return (text + f"\nthis share's {len(shown)} of the sweep's {len(states)} runs; the whole sweep: "
+            f"{cli.prog('python -m sweeps.launch')} status {args.sweep_file} --workdir {args.workdir}")
 
 
 def _start_processes(args) -> tuple[int, int] | None:

@@ -105,8 +105,9 @@ class RunLoop:
         """Train each group of runs (``train_pack``), then, with ``when_busy="wait"``, the runs other
         launchers held, one at a time as they come free."""
         # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
-        self.bar = progress.bar(total=sum(map(len, groups)), desc=desc, unit="run", interval=0, dynamic_ncols=True,
-                                file=sys.stderr, shown=self.show_progress)
+        total = sum(map(len, groups))  # none (a finished share): no "0/0 runs" display
+        self.bar = progress.bar(total=total, desc=desc, unit="run", interval=0, dynamic_ncols=True,
+                                file=sys.stderr, shown=self.show_progress and total > 0)
         with self.stop.listening(), contextlib.closing(self.bar):
             while groups:
                 self.busy = []

@@ -97,20 +97,21 @@ def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
 
 
 def run_table(states: list[RunState], multiple_of: int | None = None, packs: dict[str, str] | None = None) -> str:
-    """One line per run: name, L, d, N = 12·L·d², budget, seed, status, eval loss (nats/token); when the
+    """One line per run: name, folder (the run directory under the sweep's, a hash of the run's config;
+    ``runs/<sweep>/<name>`` finds it too), L, d, N = 12·L·d², budget, seed, status, eval loss (nats/token); when the
     runs have budgets, a footnote on how N follows from the budget (widths rounded to ``multiple_of``).
     ``packs`` (run id -> pack label, ``sweeps.packing.labels``) adds a ``pack`` column after the status."""
-    header = ["name", "L", "d", "N (12·L·d²)", "budget", "seed", "status", "eval loss"]
+    header = ["name", "folder", "L", "d", "N (12·L·d²)", "budget", "seed", "status", "eval loss"]
     if packs is not None:
-        header.insert(7, "pack")
+        header.insert(8, "pack")
     rows = []
     for state in states:
         run, record = state.spec, state.record or {}
         status = state.status + (f" @{state.checkpoint_step}" if state.status == "resumable" else "")
-        rows.append([run.name, run.depth, run.width, f"{run.params:.3g}", fmt(run.budget, ".3g"), run.seed,
+        rows.append([run.name, run.run_id, run.depth, run.width, f"{run.params:.3g}", fmt(run.budget, ".3g"), run.seed,
                      status, fmt(record.get("final_eval_loss"), ".4f")])
         if packs is not None:
-            rows[-1].insert(7, packs.get(run.run_id, "-"))
+            rows[-1].insert(8, packs.get(run.run_id, "-"))
     table = text_table(header, rows)
     if any(state.spec.budget is not None for state in states):
         table += "\n" + budget_note(multiple_of)

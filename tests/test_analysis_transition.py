@@ -225,3 +225,9 @@ def test_a_pair_in_the_opposite_order_is_flagged_not_called_a_transition():
 
     labels = [t.get_text() for t in plot_pair_differences([reversed_pair]).get_legend().get_texts()]
     assert labels == [f"L{SHALLOW} − L{DEEP}: deeper better at the smallest size, then shallower better"]
+
+
+def test_size_lines_say_the_deeper_loss_is_interpolated_and_whose_width_is_named():
+    (pair,), _ = find_transitions(pair_runs(3e7, rng=0), n_bootstrap=0)
+    lines = pair.size_lines()
+    assert lines and all(f"(L={SHALLOW} width " in line and "(interpolated in ln N)" in line for line in lines)

@@ -74,6 +74,23 @@ def test_bad_overrides_name_the_field_in_one_line(assignment, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("assignment,suggested", [
+    ("model.heads=7", "model.num_heads"),
+    ("optim.lr=1e-3", "optim.peak_lr"),
+    ("modle.depth=3", "model.depth"),
+    ("model.dept=3", "model.depth"),
+])
+def test_a_wrong_key_suggests_the_nearest(assignment, suggested):
+    with pytest.raises(ValueError) as error:
+        override(TrainConfig(), [assignment])
+    assert "did you mean " + suggested in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_key_like_none_points_at_the_command_that_lists_them():
+    with pytest.raises(ValueError, match="lists every key"):
+        override(TrainConfig(), ["zzzz=1"])
+
+
 def test_json_round_trip_is_exact_and_typed():
     config = override(TrainConfig(), ["model.depth=3", "data.paths=x.txt", "mesh.fsdp=2"])
     assert from_dict(TrainConfig, json.loads(json.dumps(to_dict(config)))) == config

@@ -71,6 +71,15 @@ def test_one_run_gives_one_figure(tiny_reference, tmp_path, capsys):
     assert (out / "curves_L1.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_sweeps_run_by_its_name(tiny_reference, tmp_path, capsys):
+    run_dir, _ = tiny_reference
+    shutil.copytree(run_dir, tmp_path / "smoke" / "0123456789ab")
+    assert main(["curves", str(tmp_path / "smoke" / "tiny"), "--out", str(tmp_path / "figures"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"] == [str(tmp_path / "smoke" / "0123456789ab")]
+    assert main(["curves", str(tmp_path / "smoke" / "tiyn"), "--out", str(tmp_path / "figures")]) == 2
+    assert "nearest run names: tiny" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("by, stems", [("depth", ["curves_L1", "curves_L2"]), ("width", ["curves_d16", "curves_d32"])])
 def test_a_sweep_gives_one_figure_per_depth_or_width(sweep, tmp_path, capsys, by, stems):
     out = tmp_path / "figures"

@@ -112,7 +112,8 @@ def test_an_error_after_the_lease_was_lost_ends_the_run_as_lease_lost_everywhere
     run_dir = tmp_path / "run"
     assert train_cli.main(["--config", str(config_file), "--workdir", str(run_dir), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: another process took over this run's lease") and "disk gone" in err[-1]
+    assert err[-1].startswith("python -m scaling.train: error: another process took over this run's lease")
+    assert "disk gone" in err[-1]
     assert codes == [1] and not (run_dir / "result.json").exists() and not (run_dir / "error.log").exists()
 
 

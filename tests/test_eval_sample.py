@@ -193,6 +193,38 @@ def test_sample_command_prints_the_prompt_and_its_continuation(reference, capsys
     assert status == 0 and text == "The " + result["completion"] + "\n"
 
 
+def test_text_made_a_chunk_at_a_time_is_the_text_made_at_once(reference):
+    _, _, run = reference
+    prompt = generate.encode_prompt(run, "The ")
+    sampling = generate.Sampling(max_new_tokens=23, temperature=1.0, top_k=20, seed=3)
+    chunks = list(generate.generate_chunks(run, prompt, sampling, chunk=5))
+    assert [len(c) for c in chunks] == [5, 5, 5, 5, 3]
+    assert np.concatenate(chunks).tolist() == list(generate.generate_chunks(run, prompt, sampling, chunk=64))[0].tolist()
+
+
+def test_sample_prints_each_chunk_as_it_comes_and_holds_back_a_split_character(reference, capsys):
+    _, _, run = reference
+    seen = []
+
+    def chunks():
+        yield np.array(list(b"ab") + [0xC3])  # "ab" and the first byte of "é"
+        seen.append(capsys.readouterr().out)
+        yield np.array([0xA9] + list(b"c"))
+
+    generate._stream(run, "P:", chunks())
+    assert seen == ["P:ab"] and capsys.readouterr().out == "éc\n"
+
+
+def test_sample_says_when_the_text_outgrows_the_context(reference, capsys):
+    run_dir, _, run = reference
+    window = run.config.model.max_seq_len
+    status, out, err = command(capsys, "sample", str(run_dir), "--prompt", "The ", "--max-new-tokens",
+                               str(window + 5), "--greedy")
+    assert status == 0 and f"sees the last {window} tokens" in err and "window slides" in err
+    status, out, err = command(capsys, "sample", str(run_dir), "--prompt", "The ", "--max-new-tokens", "5", "--greedy")
+    assert status == 0 and "slides" not in err
+
+
 def test_decode_shows_an_end_of_document_token_as_a_blank_line(reference):
     _, _, run = reference
     ids = list(b"ab") + [run.eos_id] + list(b"c")
@@ -211,6 +243,39 @@ def test_bad_options_give_one_line(reference, capsys, argv, message):
     status, out, err = command(capsys, *[str(run_dir) if a == "RUN" else a for a in argv])
     assert status == 2 and out == ""
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------
+# a sweep's run by its name
+
+
+def test_a_sweeps_run_is_found_by_its_name(reference, tmp_path, capsys):
+    run_dir, _, _ = reference
+    shutil.copytree(run_dir, tmp_path / "smoke" / "0123456789ab")  # the folder: a hash of the config
+    status, out, err = command(capsys, "sample", str(tmp_path / "smoke" / "tiny"), "--max-new-tokens", "3",
+                               "--greedy", "--json")
+    assert status == 0, err
+    assert json.loads(out)["run_dir"] == str(tmp_path / "smoke" / "0123456789ab")
+    status, out, err = command(capsys, "eval", str(tmp_path / "smoke" / "tiny"), "--batches", "1", "--json")
+    assert status == 0 and json.loads(out)["run_dir"] == str(tmp_path / "smoke" / "0123456789ab"), err
+
+
+def test_a_misspelt_or_ambiguous_run_name_gives_one_line_naming_the_nearest(reference, tmp_path, capsys):
+    run_dir, _, _ = reference
+    shutil.copytree(run_dir, tmp_path / "smoke" / "0123456789ab")
+    status, out, err = command(capsys, "sample", str(tmp_path / "smoke" / "tinny"))
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "no run in" in err and "nearest run names: tiny" in err
+    shutil.copytree(run_dir, tmp_path / "smoke" / "ba9876543210")  # a second run of that name, unlisted
+    status, out, err = command(capsys, "eval", str(tmp_path / "smoke" / "tiny"))
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "2 runs" in err and "0123456789ab" in err and "ba9876543210" in err
+    # The sweep's own listing says which of them is the run of the sweep as it is now.
+    (tmp_path / "smoke" / "sweep.json").write_text(json.dumps({"runs": [{"name": "tiny",
+                                                                        "run_id": "ba9876543210"}]}))
+    from scaling.rundir import resolve_run_dir
+
+    assert str(resolve_run_dir(tmp_path / "smoke" / "tiny")) == str(tmp_path / "smoke" / "ba9876543210")
 
 
 # ---------------------------------------------------------------------------
@@ -248,3 +313,46 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(reference, tmp
     assert "does not read back" in capsys.readouterr().err
     # Nothing in the run directory was moved or written.
     assert (copy / "checkpoints" / str(tiny.STEPS)).is_dir() and not (copy / "checkpoints-set-aside").exists()
+
+
+def test_sampling_computes_the_runs_parametrization():
+    """A CompleteP run's residual branches are scaled (base depth 8, depth 1: ×8): sampling must use the
+    function the run learned, not the standard parametrization's."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from scaling import parametrization
+    from scaling.model import Transformer
+
+    base = tiny.config()
+    config = dataclasses.replace(base, optim=dataclasses.replace(base.optim, parametrization="completep",
+                                                                           base_depth=8),
+                                 model=dataclasses.replace(base.model, vocab_size=260))
+    multipliers = parametrization.multipliers(config.optim, config.model)
+    assert multipliers.residual != 1.0
+    right, wrong = Transformer(config.model, multipliers=multipliers), Transformer(config.model)
+    window = config.model.max_seq_len
+    params = right.init(jax.random.PRNGKey(0), np.zeros((1, window), np.int32))["params"]
+    params = jax.tree_util.tree_map(lambda leaf: getattr(leaf, "value", leaf), params,
+                                    is_leaf=lambda leaf: hasattr(leaf, "value"))
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    params = jax.tree_util.tree_unflatten(tree, [x + 0.5 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    run = SimpleNamespace(config=config, params=params, pad_id=256, eos_id=257, mask_id=258, cls_id=259,
+                          vocab_size=260, program=SimpleNamespace(mesh=jax.sharding.Mesh(np.array(jax.devices()[:1]),
+                                                                                         ("data",))))
+    prompt = np.array(list(b"The "), np.int32)
+    sampled = generate.generate(run, prompt, generate.Sampling(max_new_tokens=12, temperature=1.0, seed=4))
+
+    def draw(model):  # what sampling computes, written out: softmax(logits) drawn with the step's key
+        context, key = list(prompt), jax.random.PRNGKey(4)
+        for index in range(12):
+            padded = np.full((1, window), run.pad_id, np.int32)
+            padded[0, :len(context)] = context
+            logits = np.array(model.apply({"params": params}, padded))[0, len(context) - 1]
+            logits[[run.pad_id, run.mask_id, run.cls_id]] = -np.inf
+            context.append(int(jax.random.categorical(jax.random.fold_in(key, index), logits)))
+        return context[len(prompt):]
+
+    assert draw(right) != draw(wrong)  # the multipliers matter here, so the test can tell
+    assert sampled.tolist() == draw(right)

@@ -128,6 +128,8 @@ def test_sweep_subcommand_help_is_plain(command):
 BAD_VALUES = {
     "scaling.train": (["--config", "tiny", "--workdir", "runs/x", "--num-processes", "two"], "--num-processes"),
     "scaling.train eval": (["eval", "runs/x", "--batches", "0"], "--batches"),
+    "scaling.train export": (["export", "runs/x", "--to", "onnx", "out"], "--to"),
+    "scaling.train config": (["config", "--config", "tiny", "--set"], "--set"),
     "scaling.data": (["batch-hash", "--seed", "x", "--step", "1", "--batch-size", "2"], "--seed"),
     "scaling.corpus": (["build", "--out", "corpus", "--xz-preset", "12"], "--xz-preset"),
     "scaling.corpus_build": (["--out", "corpus", "--xz-preset", "x"], "--xz-preset"),

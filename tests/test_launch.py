@@ -338,6 +338,10 @@ def test_status_json_counts_and_lists_runs(tmp_path, capsys):
         "finished", 2.5, 1, 16, 12 * 16 ** 2)
     assert by_name[runs[1].name]["checkpoint_step"] == 20
     assert [by_name[run.name]["status"] for run in runs] == ["finished", "resumable", "failed", "pending"]
+    # The table shows each run's folder beside its name.
+    assert launch.main(["status", str(sweep_file), "--workdir", str(workdir)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [runs[0].name, runs[0].run_id] in [row[:2] for row in rows]
     # The plan: train the pending one, resume one, retry the failed one, skip the finished one.
     assert launch.main(["dry-run", str(sweep_file), "--workdir", str(workdir)]) == 0
     assert "would train 3 run(s): 1 new, 1 resumed, 1 retried; skip 1 finished" in capsys.readouterr().out
@@ -349,9 +353,10 @@ def test_list_prints_one_row_per_run(tmp_path, capsys):
     (workdir / "status" / "0123456789ab" / "config.json").write_text("{}")
     assert launch.main(["list", str(sweep_file), "--workdir", str(workdir)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split() == ["name", "L", "d", "N", "(12·L·d²)", "budget", "seed", "status", "eval", "loss"]
+    assert lines[1].split() == ["name", "folder", "L", "d", "N", "(12·L·d²)", "budget", "seed", "status", "eval",
+                                "loss"]
     rows = {line.split()[0]: line.split() for line in lines[2:6]}
-    assert rows[runs[0].name][:4] == [runs[0].name, "1", "16", "3.07e+03"]
+    assert rows[runs[0].name][:5] == [runs[0].name, runs[0].run_id, "1", "16", "3.07e+03"]
     assert rows[runs[0].name][-2:] == ["finished", "2.5000"]
     assert rows[runs[1].name][-3:-1] == ["resumable", "@20"]
     assert rows[runs[3].name][-2:] == ["pending", "-"]
@@ -508,3 +513,18 @@ def test_a_run_another_launcher_finishes_after_the_check_is_not_reported_as_trai
     text = printed.out + printed.err
     assert text.count("already finished by another launcher") == len(tiny.run_dirs(tmp_path / "runs")), text
     assert "finished, eval loss" not in text, text
+
+
+def test_a_finished_share_says_so_and_shows_its_own_runs(tmp_path, capsys):
+    sweep_file = write_sweep(tmp_path, "done", "depths=(1, 2), widths={1: (16, 32), 2: (16, 32)}")
+    runs = spec.load_sweep(sweep_file).expand().runs
+    workdir = tmp_path / "runs"
+    for run in runs:
+        write_record(run, workdir, loss=2.5)
+    assert launch.main(["run", str(sweep_file), "--workdir", str(workdir), "--shard", "0/2"]) == 0
+    out, err = capsys.readouterr()
+    assert "0/0 runs" not in out + err
+    table_names = {line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in
+                   {run.name for run in runs}}
+    assert 1 <= len(table_names) < 4  # this share's runs, not the whole sweep's
+    assert f"this share's {len(table_names)} of the sweep's 4 runs" in out and f"status {sweep_file}" in out

@@ -1,4 +1,4 @@
-"""The README's Layout section names every module of the three packages once, and nothing that is gone."""
+"""The documentation's Layout page (docs/layout.md) names every module of the three packages once, and nothing that is gone."""
 
 import re
 
@@ -11,8 +11,8 @@ PACKAGES = tuple(sorted(str(init.parent.relative_to(REPO)) for top in ("scaling"
 
 def layout_entries() -> dict[str, list[str]]:
     """Module files named in the Layout block, by package folder (``scaling/`` lines open a package)."""
-    readme = (REPO / "README.md").read_text()
-    block = readme.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    page = (REPO / "docs" / "layout.md").read_text()
+    block = page.split("```text", 1)[1].split("```", 1)[0]
     entries, package = {}, None
     for line in block.splitlines():
         heading = re.match(r"(\S+)/\s", line + " ")

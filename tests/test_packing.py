@@ -254,7 +254,7 @@ def test_pack_size_one_prints_what_it_printed_before(tmp_path, capsys):
     assert header == ["name", "L", "d", "N", "(12·L·d²)", "seed", "status", "action", "tokens", "FLOPs"]
     assert launch.main(["list", str(sweep_file), "--workdir", str(workdir)]) == 0
     assert _rows(capsys.readouterr().out, "name")["header"] == [
-        "name", "L", "d", "N", "(12·L·d²)", "budget", "seed", "status", "eval", "loss"]
+        "name", "folder", "L", "d", "N", "(12·L·d²)", "budget", "seed", "status", "eval", "loss"]
 
 
 # ---------------------------------------------------------------------------

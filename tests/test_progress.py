@@ -102,3 +102,23 @@ def test_a_run_time_says_which_time_is_which():
                                                   "final evaluation and checkpoint; 60 s wall)")
     assert progress.run_time(500, None, 96.0) == "500 steps in 1.6 min wall"  # a record from before train_seconds
     assert progress.run_time(0, None, None) == "0 steps"
+
+
+def test_a_terminal_of_zero_columns_gets_plain_lines():
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    from scaling.progress import is_terminal
+
+    leader, follower = pty.openpty()
+    try:
+        with os.fdopen(follower, "w", closefd=False) as stream:
+            for columns, expected in ((0, False), (80, True)):
+                fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+                assert is_terminal(stream) is expected
+    finally:
+        os.close(leader)
+        os.close(follower)

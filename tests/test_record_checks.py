@@ -137,5 +137,5 @@ def test_a_failure_names_error_log_only_if_it_was_written(tmp_path, capsys, monk
     config.write_text(json.dumps(to_dict(tiny.config())))
     assert train_cli.main(["--config", str(config), "--workdir", str(tmp_path / "run"), "--no-progress"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: run failed:") and "error.log" not in lines[0].replace(
+    assert len(lines) == 1 and lines[0].startswith("python -m scaling.train: error: run failed:") and "error.log" not in lines[0].replace(
         "no error.log", ""), lines

@@ -94,9 +94,11 @@ def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
     assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     [line] = [line for line in err.splitlines() if "stopped by" in line]
-    assert line.startswith("stopped by SIGINT after step ") and line.endswith("checkpoint saved")
+    assert line.startswith("stopped by SIGINT after step ")
+    assert line.endswith("checkpoint saved; rerun the same command to resume")  # and how to resume
     record = json.loads((workdir / "result.json").read_text())
-    assert record["status"] == "stopped" and record["error"] == line  # resumable, not failed
+    assert record["status"] == "stopped"  # resumable, not failed
+    assert record["error"] + "; rerun the same command to resume" == line
     saved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1
 

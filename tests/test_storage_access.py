@@ -127,7 +127,7 @@ COMMANDS = [
      "python -m analysis optimal: error: "),
     (analysis_cli.main, ["plot", MISSING, "--out", "figures"], "python -m analysis plot: error: "),
     (analysis_cli.main, ["synthetic", "--out", f"{MISSING}/sweep.csv"], "python -m analysis synthetic: error: "),
-    (train_cli.main, ["--config", "tiny", "--workdir", MISSING], "error: "),
+    (train_cli.main, ["--config", "tiny", "--workdir", MISSING], "python -m scaling.train: error: "),
     (data_cli.main, ["cache", "--source", "builtin", "--cache-dir", f"{MISSING}/tokens"], "error: "),
     (migrate_records.main, [MISSING], "error: "),
     (evaluate.main, [MISSING], "python -m scaling.train eval: error: "),
@@ -155,7 +155,7 @@ def test_every_command_says_one_line_and_exits_2(closed_port, capsys, main, argv
 def test_the_trainer_checks_a_token_cache_on_gs_too(closed_port, capsys, tmp_path):
     argv = ["--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", f"data.cache_dir={MISSING}"]
     assert train_cli.main(argv) == 2
-    assert capsys.readouterr().err.startswith(f"error: {MISSING}: cannot reach Cloud Storage")
+    assert capsys.readouterr().err.startswith(f"python -m scaling.train: error: {MISSING}: cannot reach Cloud Storage")
 
 
 def test_eval_of_a_run_on_a_name_that_does_not_resolve_is_one_line_from_the_command_line(tmp_path):

@@ -112,11 +112,11 @@ def test_storage_that_stops_answering_fails_the_checkpoint_in_bounded_time(gcs, 
     out, err = proc.communicate(timeout=120)
     assert time.time() - hung < limit + 60  # the limit, the steps to the next checkpoint, the exit
     assert proc.returncode == 1, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("error")]
+    lines = [line for line in err.splitlines() if line.startswith("python -m scaling.train: error")]
     assert "Traceback" not in err and len(lines) == 1, err
     # A later write hangs behind the loop (which one depends on where each request meets the hang: a
     # periodic one, or the last step's); the run fails when the loop waits for it, at the end.
-    assert lines[0].startswith("error: run failed: WriteAbandoned: checkpoint "), err
+    assert lines[0].startswith("python -m scaling.train: error: run failed: WriteAbandoned: checkpoint "), err
     assert f"{run_dir}/checkpoints" in lines[0] and f"not finished after {limit} s" in lines[0]
     assert metric_steps(run_dir) == list(range(tiny.STEPS + 1))  # the hung write never held the loop
     assert records.read_record(run_dir).status == "failed"

@@ -214,7 +214,7 @@ def test_two_processes_agree_on_the_checkpoint_to_resume_from(gcs, gcs_emulator,
     refused = _two_processes(config, run_dir, tmp_path, dict(env, FAIL_RESTORE="1:4"))
     assert [r.returncode for r in refused] == [1, 1], [r.stderr[-8000:] for r in refused]
     for result in refused:
-        [line] = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        [line] = [line for line in result.stderr.splitlines() if line.startswith("python -m scaling.train: error")]
         assert "process(es) [1] could not read checkpoint step 4" in line and "which process 0 read whole" in line
     assert not epath.Path(f"{run_dir}/checkpoints-set-aside").exists()
 

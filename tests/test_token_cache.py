@@ -205,10 +205,11 @@ def documented_cache_commands(text: str) -> list[list[str]]:
             if line.strip().startswith("python -m scaling.data cache ")]
 
 
-def test_the_paper_sweep_and_readme_cache_the_corpus_the_sweep_trains_on():
+def test_the_paper_sweep_and_the_pods_page_cache_the_corpus_the_sweep_trains_on():
     from sweeps.configs import paper
 
-    commands = documented_cache_commands(paper.__doc__) + documented_cache_commands((REPO / "README.md").read_text())
+    commands = documented_cache_commands(paper.__doc__) + documented_cache_commands(
+        (REPO / "docs" / "pods.md").read_text())
     assert len(commands) == 2
     for words in commands:
         args = data_cli._parser().parse_args([word.replace("$BUCKET", "gs://b") for word in words])
