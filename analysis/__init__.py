@@ -1,8 +1,8 @@
 """Analysis of depth-vs-width sweeps: records -> transitions -> fit -> projections, tables, plots.
 
-Reads run records only: from the project it imports just ``scaling.records``
-(the run record's single definition), ``scaling.metrics_log`` (a run's logged
-losses) and ``scaling.storage`` (finding files), all JAX-free; never the
+Reads run records only: from the project it imports just ``scaling.store.records``
+(the run record's single definition), ``scaling.store.metrics_log`` (a run's logged
+losses) and ``scaling.store.storage`` (finding files), all JAX-free; never the
 trainer or ``sweeps``.
 
 * ``results``    sweep directory, records or CSV -> one table, each run once

@@ -267,7 +267,7 @@ def cmd_curves(args) -> int:
     out = epath.Path(args.out)
     if out.exists() and not out.is_dir():
         raise AnalysisInputError(f"--out {args.out}: is a file; give a directory for the figures")
-    from scaling.rundir import resolve_run_dir
+    from scaling.store.rundir import resolve_run_dir
 
     source = args.source
     if not epath.Path(source).exists():  # a sweep's run by its name (runs/smoke/L1-d128-s0)
@@ -475,7 +475,7 @@ def main(argv=None) -> int:
     remote = [path for path in (getattr(args, name, None) for name in PATH_ARGUMENTS)
               if isinstance(path, str) and "://" in path]
     if remote:  # one line for an unreachable bucket, not a minute of client retries
-        from scaling.storage import StorageAccessError, check_access
+        from scaling.store.storage import StorageAccessError, check_access
 
         try:
             check_access(*remote)

@@ -5,7 +5,7 @@
 A run is a directory holding the trainer's ``config.json``; the directory
 given may be one run or hold many at any depth (a sweep, or a work directory
 of several sweeps), local or ``gs://``. Each run's rows come from its metrics
-log (``scaling.metrics_log.read_metrics``: ``metrics.jsonl``, or the
+log (``scaling.store.metrics_log.read_metrics``: ``metrics.jsonl``, or the
 per-flush files a ``gs://`` run writes), its depth, width, seed and peak
 learning rate from ``config.json``, and its status (when it has one) from
 ``result.json``.
@@ -33,13 +33,13 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from analysis.errors import AnalysisInputError
-from analysis.results import open_source
 from analysis.plots import compact_number, save_figure
-from scaling.metrics_log import read_metrics
-from scaling.storage import find
+from analysis.results import open_source
+from scaling.store.metrics_log import read_metrics
+from scaling.store.storage import find
 
 GROUPINGS = ("depth", "width")
-CONFIG_FILE = "config.json"  # what makes a directory a run (scaling.train writes it first)
+CONFIG_FILE = "config.json"  # what makes a directory a run (scaling.run.train writes it first)
 
 
 @dataclasses.dataclass(frozen=True)

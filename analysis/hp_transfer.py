@@ -18,7 +18,7 @@ optimum may lie beyond it.
 
 The parametrization is read from the record's ``lr_rule``: ``constant`` is
 the standard parametrization, ``parametrization=NAME`` the others
-(``scaling.optim.rule_name``).
+(``scaling.model.optim.rule_name``).
 """
 
 from __future__ import annotations

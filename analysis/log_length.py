@@ -4,7 +4,7 @@
     python -m analysis log-length results/log_length --format csv
     python -m analysis log-length results/log_length --figure results/log_length/accuracy.png
 
-Reads every ``<run dir>/result.json`` (through ``scaling.records``) and the
+Reads every ``<run dir>/result.json`` (through ``scaling.store.records``) and the
 ``config.json`` beside it under a sweep directory of classification runs
 (``sweeps/configs/log_length.py``), local or ``gs://`` (through
 ``etils.epath``, as ``fit`` reads), and groups finished runs by task
@@ -19,7 +19,7 @@ measured on the evaluation strings (length 1000 in the sweep). For each
 run directory (same run id) is counted a single time. Runs that are not
 finished are counted per status and left out.
 
-Only ``scaling.records`` is imported from the project, so this runs wherever
+Only ``scaling.store.records`` is imported from the project, so this runs wherever
 the records are, without JAX.
 """
 
@@ -35,7 +35,7 @@ import pandas as pd
 from etils import epath
 
 from analysis.errors import AnalysisInputError
-from scaling import records
+from scaling.store import records
 
 ARMS = ("standard", "log_length")
 GROUP = ["task", "position", "train_strings", "train_length"]  # a setup and length; the arms are compared within

@@ -5,13 +5,13 @@ Two inputs are accepted, each a local path or a URL such as
 gcsfs, part of the ``tpu`` extra):
 
 * a sweep directory, searched recursively for ``result.json`` records, each
-  validated by ``scaling.records`` (the record's single definition; a record
+  validated by ``scaling.store.records`` (the record's single definition; a record
   of an older schema version is refused with the command that upgrades it).
   Only ``finished`` runs enter the table; the others are listed per shape in
   ``RunTable.unfinished``. A record copied into a second directory has the
   same ``run_id`` and is counted once; two records of one ``run_id`` whose
   results or data differ are refused, as two CSV rows would be. A record
-  that cannot be trusted (``scaling.record_checks``) is left out and named
+  that cannot be trusted (``scaling.store.record_checks``) is left out and named
   in ``RunTable.notes``: one in a directory named after another run id (a
   ``result.json`` copied over another run's), or a finished one whose
   ``final_eval_loss`` is not its metrics log's last evaluation.
@@ -46,8 +46,8 @@ import pandas as pd
 from etils import epath
 
 from analysis.errors import AnalysisInputError
-from scaling import record_checks
-from scaling import records as run_records
+from scaling.store import record_checks
+from scaling.store import records as run_records
 
 CSV_COLUMNS = ("depth", "width", "params", "seed", "loss")
 # Optional CSV columns and the value a missing one stands for.
@@ -140,7 +140,7 @@ def load_runs(source, fingerprint: str | None = None, steps: int | None = None) 
 
 def table_from_records(records, source: str = "records", fingerprint: str | None = None,
                        steps: int | None = None) -> RunTable:
-    """A ``RunTable`` from ``scaling.records.RunRecord`` objects (or their dicts), e.g. the launcher's."""
+    """A ``RunTable`` from ``scaling.store.records.RunRecord`` objects (or their dicts), e.g. the launcher's."""
     parsed = []
     for index, record in enumerate(records):
         if not isinstance(record, run_records.RunRecord):
@@ -185,7 +185,7 @@ def _read_sweep_dir(directory: epath.Path, root: str):
 
 def _trusted(parsed):
     """(the records that can be trusted, [(file, problem)] of those that cannot): another run's record
-    in a run directory, a final loss its metrics log does not hold (``scaling.record_checks``)."""
+    in a run directory, a final loss its metrics log does not hold (``scaling.store.record_checks``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def problem(item):
@@ -204,7 +204,7 @@ def _trusted(parsed):
 
 def _unchecked(parsed) -> list[str]:
     """A note for each finished record that nothing can check: its metrics log is missing
-    (``scaling.record_checks.unlogged_problem``); the record is still read."""
+    (``scaling.store.record_checks.unlogged_problem``); the record is still read."""
     from concurrent.futures import ThreadPoolExecutor
 
     def note(item):

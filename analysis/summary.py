@@ -162,7 +162,7 @@ def _fit(transitions: list[Transition], estimate: str, name: str):
 
 def summarize(records, loss_std: float | None = None, n_bootstrap: int = 200, seed: int = 0,
               source: str = "records") -> SweepAnalysis:
-    """Analyse run records (``scaling.records.RunRecord`` objects or their dicts) as a sweep.
+    """Analyse run records (``scaling.store.records.RunRecord`` objects or their dicts) as a sweep.
 
     Each run counts once (by ``run_id``); unusable data give a typed
     ``outcome`` with a one-line ``message`` instead of an exception.

@@ -18,7 +18,7 @@ reaches it:
 2. **Metrics bytes.** A tracker logs ``--metrics-steps`` steps with
    ``log_every=1`` (a loss, a gradient norm, a learning rate, tokens per
    second, MFU and tokens per row, as the trainer logs them) into a gs://
-   run directory. *Before*: ``scaling/track.py`` of the parent commit
+   run directory. *Before*: ``scaling/run/track.py`` of the parent commit
    (read with ``git show``, run unchanged), which rewrites the whole
    ``metrics.jsonl`` at every flush. *After*: the current tracker (one new
    object per flush). Printed: bytes of upload bodies and upload requests.
@@ -30,7 +30,7 @@ reaches it:
    the training loop's seconds per step (from the first step's return, after
    compilation, to the loop's end: steps, metrics, evaluations, checkpoints
    and lease checks), the run's wall seconds, and requests sent. Periodic
-   checkpoints are saved behind the loop (``scaling/background_save.py``: the
+   checkpoints are saved behind the loop (``scaling/store/background_save.py``: the
    metrics wait, the lease read and the orbax write on one thread, the newest
    checkpoint only), so the loop pays for a host copy of the state per
    checkpoint; the run's wall seconds also hold the end's durable writes
@@ -57,7 +57,7 @@ PARENT_COMMIT = "49f8e69"  # the commit issue 26's branch started from
 
 def token_requests(proxy, bucket: str, steps: int, local_copy: bool, copies: Path) -> tuple[float, int]:
     """(mean object GETs per step, GETs in the first step) for process 0 of 2 drawing ``steps`` batches."""
-    from scaling import data, token_cache
+    from scaling.data import pipeline as data, token_cache
     from scaling.config import DataConfig
 
     config = DataConfig(source="builtin", seq_len=64, cache_dir=f"{bucket}/tokens")
@@ -93,12 +93,12 @@ def metrics_upload(proxy, run_dir: str, steps: int, tracker_class) -> tuple[int,
 
 
 def parent_tracker_class():
-    """``Tracker`` from the parent commit's scaling/track.py, run as it was."""
-    source = subprocess.run(["git", "show", f"{PARENT_COMMIT}:scaling/track.py"], cwd=REPO, check=True,
+    """``Tracker`` from the parent commit's scaling/run/track.py, run as it was."""
+    source = subprocess.run(["git", "show", f"{PARENT_COMMIT}:scaling/run/track.py"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout
     module = types.ModuleType("track_before")
     module.__file__ = "track_before.py"
-    exec(compile(source, f"{PARENT_COMMIT}:scaling/track.py", "exec"), module.__dict__)
+    exec(compile(source, f"{PARENT_COMMIT}:scaling/run/track.py", "exec"), module.__dict__)
     return module.Tracker
 
 
@@ -107,9 +107,9 @@ def slow_bucket_run(proxy, run_dir: str, delay_s: float) -> dict:
     seconds of the run, requests."""
     import dataclasses
 
-    from scaling import train
+    from scaling.run import train
     from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-    from scaling.track import Tracker
+    from scaling.run.track import Tracker
 
     config = TrainConfig(model=ModelConfig(depth=1, width=32, head_dim=16, max_seq_len=32),
                          data=DataConfig(source="builtin", seq_len=32), optim=OptimConfig(peak_lr=3e-3, warmup_steps=2),
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         try:
             os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
             os.environ["JAX_PLATFORMS"] = "cpu"
-            from scaling import storage
+            from scaling.store import storage
 
             storage.use_emulator()
             server.create_bucket("bench")
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
             if args.only == "slow-bucket":
                 print_slow_bucket(proxy, bucket, args.delay_ms)
                 return 0
-            from scaling import token_cache
+            from scaling.data import token_cache
             from scaling.config import DataConfig
 
             token_cache.build_cache(DataConfig(source="builtin", seq_len=64), f"{bucket}/tokens",
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
             started = time.time()
             old_bytes, old_requests = metrics_upload(proxy, f"{bucket}/before", args.metrics_steps,
                                                      parent_tracker_class())
-            from scaling.track import Tracker
+            from scaling.run.track import Tracker
 
             new_bytes, new_requests = metrics_upload(proxy, f"{bucket}/after", args.metrics_steps, Tracker)
             print(f"metrics, {args.metrics_steps} steps, log_every=1 ({time.time() - started:.0f} s):")

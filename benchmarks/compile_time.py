@@ -1,11 +1,11 @@
 """Compile time and step time of the real train step against depth, scanned against unrolled layers.
 
 For each depth L (default 6, 24, 48) at width 64 (sequence 128, batch 16,
-the throughput benchmark's model), it builds ``scaling.program.build(...)``
+the throughput benchmark's model), it builds ``scaling.model.program.build(...)``
 twice, with ``ModelConfig.scan_layers`` True and False, and reports:
 - compile seconds: building the program (its abstract state), tracing,
   lowering and XLA compilation of ``train_step`` (ahead of time, from
-  abstract shapes, by ``scaling.run_program.lower_train_step``);
+  abstract shapes, by ``scaling.model.run_program.lower_train_step``);
 - step milliseconds: the median wall time of one compiled step.
 Scanning should keep compile time flat in depth; unrolling grows with it.
 
@@ -29,8 +29,8 @@ def measure(depth: int, width: int, scan_layers: bool, steps: int) -> dict:
     """Compile seconds and median step milliseconds of the train step for one (depth, width, layout)."""
     import jax
 
-    from scaling import mesh as mesh_lib
-    from scaling import program as program_lib, run_program
+    from scaling.model import mesh as mesh_lib
+    from scaling.model import program as program_lib, run_program
     from scaling.config import MeshConfig
 
     config = train_config(depth, width, scan_layers=scan_layers)

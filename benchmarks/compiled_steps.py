@@ -5,7 +5,7 @@
     python benchmarks/compiled_steps.py price DIR > rows.json               # preflight-style rows, one per file
 
 ``save`` compiles with whatever code is first on ``PYTHONPATH`` through its
-public names (``scaling.run_program.lower_train_step``, ``sweeps.preflight``'s
+public names (``scaling.model.run_program.lower_train_step``, ``sweeps.preflight``'s
 ``topology_devices``, ``sweeps.spec``), so the programs of another commit
 from this one on can be saved with it and priced by a newer roofline.
 Commits older than ``lower_train_step`` had only the preflight's private
@@ -59,7 +59,7 @@ def save(directory: Path, runs) -> None:
     """Compile each run for its whole topology and write NAME.hlo and NAME.json (memory, config) to ``directory``."""
     import jax
 
-    from scaling import mesh as mesh_lib, program as program_lib, run_program
+    from scaling.model import mesh as mesh_lib, program as program_lib, run_program
     from scaling.config import to_dict
     from sweeps import preflight
 
@@ -82,7 +82,7 @@ def save(directory: Path, runs) -> None:
 
 def price(directory: Path) -> list[dict]:
     """Preflight-style cost rows of every program saved in ``directory``, priced by this checkout's roofline."""
-    from scaling import mesh as mesh_lib, program as program_lib, run_program
+    from scaling.model import mesh as mesh_lib, program as program_lib, run_program
     from scaling.config import TrainConfig, from_dict
     from sweeps import preflight
     from sweeps.preflight import kernels, roofline

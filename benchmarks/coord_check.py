@@ -2,7 +2,7 @@
 
 For each parametrization (``optim.parametrization``: standard, mup,
 completep) and each shape, the trainer's own step
-(``scaling.program.build(config, mesh).train_step``) takes ``--steps`` Adam
+(``scaling.model.program.build(config, mesh).train_step``) takes ``--steps`` Adam
 steps on the built-in corpus from the base shape's rate, and after each step
 a fixed batch is run through the model to read the root-mean-square (RMS)
 size of every block's attention and feed-forward outputs, of the residual
@@ -75,7 +75,7 @@ def _probe(model_config, multipliers):
     """A jitted forward pass of the unrolled model returning its named activations."""
     import jax
 
-    from scaling.model import Block, FeedForward, SelfAttention, Transformer
+    from scaling.model.transformer import Block, FeedForward, SelfAttention, Transformer
 
     model = Transformer(dataclasses.replace(model_config, scan_layers=False), multipliers=multipliers)
     wanted = (Block, SelfAttention, FeedForward)
@@ -101,8 +101,9 @@ def measure(config, steps: int | None = None) -> list[dict]:
     each parameter group's update (``update_GROUP``)."""
     import jax
 
-    from scaling import data, mesh as mesh_lib, optim as optim_lib, parametrization, program as program_lib
-    from scaling.model import unstack_layers
+    from scaling.data import pipeline as data
+    from scaling.model import mesh as mesh_lib, optim as optim_lib, parametrization, program as program_lib
+    from scaling.model.transformer import unstack_layers
 
     steps = config.steps if steps is None else steps
     mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])

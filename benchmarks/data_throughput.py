@@ -8,7 +8,7 @@ one-off build time. The pipeline must stay far ahead of training (at least
     python benchmarks/data_throughput.py            # a table
     python benchmarks/data_throughput.py --json     # one JSON object
 
-In the same run it times the trainer's real train step (``scaling.program.build``)
+In the same run it times the trainer's real train step (``scaling.model.program.build``)
 for an L=4, d=256 model on batches of 16 x 128 from the same pipeline, and
 prints the ratio of pipeline tokens/s to training tokens/s.
 
@@ -27,8 +27,8 @@ import json
 import tempfile
 import time
 
-from scaling import data, token_cache
 from scaling.config import DataConfig
+from scaling.data import pipeline as data, token_cache
 
 
 def measure(batch_size: int, seq_len: int, batches: int, tokenizer: str) -> dict:
@@ -81,7 +81,7 @@ def training_tokens_per_second(depth: int = 4, width: int = 256, batch_size: int
     """Tokens/s of the trainer's jitted train step for one (depth, width), after compilation."""
     import jax
 
-    from scaling import mesh as mesh_lib, program as program_lib
+    from scaling.model import mesh as mesh_lib, program as program_lib
     from scaling.config import MeshConfig, ModelConfig, TrainConfig
 
     pipeline = data.build(DataConfig(seq_len=seq_len))

@@ -2,7 +2,7 @@
 
 For each depth (default 6, 12, 24) at width 256 (sequence 128, batch 16, the
 throughput benchmark's model, scanned layers) and each ``ModelConfig.remat``
-policy, it compiles the train step ahead of time (``scaling.run_program.lower_train_step``)
+policy, it compiles the train step ahead of time (``scaling.model.run_program.lower_train_step``)
 from abstract shapes (nothing is allocated) and reports XLA's
 ``memory_analysis()`` in MiB:
 - temp: scratch buffers live during the step (activations kept for the
@@ -32,8 +32,8 @@ def measure(depth: int, width: int, remat: str, scan_layers: bool = True) -> dic
     """XLA's compiled memory figures (bytes) of the train step for one config."""
     import jax
 
-    from scaling import mesh as mesh_lib
-    from scaling import program as program_lib, run_program
+    from scaling.model import mesh as mesh_lib
+    from scaling.model import program as program_lib, run_program
     from scaling.config import MeshConfig
 
     config = train_config(depth, width, remat=remat, scan_layers=scan_layers)

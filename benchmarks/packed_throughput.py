@@ -2,9 +2,9 @@
 
 For each width d and pack size k, k runs of an L-layer model (16-channel heads, batch 16 × 128
 random byte tokens, AdamW with clipping; seeds 0..k-1 and k different peak rates) train three ways:
-- ``sequential``: the solo step (``scaling.program.build(...).train_step``) of each run in turn,
+- ``sequential``: the solo step (``scaling.model.program.build(...).train_step``) of each run in turn,
   as a sweep trains them today;
-- ``vmap``: the packed step of ``scaling.packed`` with ``batching="vmap"`` (the step vmapped over
+- ``vmap``: the packed step of ``scaling.model.packed`` with ``batching="vmap"`` (the step vmapped over
   the k stacked runs);
 - ``map``: the packed step with ``batching="map"`` (``jax.lax.map`` over the runs inside the one step).
 All on one CPU device (XLA's threads use every core). The three ways alternate within every
@@ -60,7 +60,7 @@ class Trainers:
     def __init__(self, depth: int, width: int, size: int):
         import jax
 
-        from scaling import mesh as mesh_lib, packed, program
+        from scaling.model import mesh as mesh_lib, packed, program
         from scaling.config import MeshConfig
 
         device = jax.devices()[:1]
@@ -131,9 +131,9 @@ def measure_parts(depth: int, width: int, size: int, repeats: int) -> list[dict]
     import jax.numpy as jnp
     import optax
 
-    from scaling import mesh as mesh_lib, optim as optim_lib, program
+    from scaling.model import mesh as mesh_lib, optim as optim_lib, program
     from scaling.config import MeshConfig
-    from scaling.loss import compute_loss, loss_and_grads
+    from scaling.model.loss import compute_loss, loss_and_grads
 
     config = train_config(depth, width, 0, 1e-3)
     solo = program.build(config, mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1]))

@@ -16,7 +16,7 @@ checkout's roofline (``benchmarks/compiled_steps.py`` says how), so both
 sides are measured with the same ruler; the figures the old roofline printed
 then are quoted in that file's ``old_roofline`` entries.
 
-Per run: step seconds, bound and MFU (``scaling.flops``'s model FLOPs);
+Per run: step seconds, bound and MFU (``scaling.model.flops``'s model FLOPs);
 per sweep: chip-hours of training steps and their price. Every figure is a
 roofline estimate from compiled programs (``sweeps/preflight/roofline.py`` says what
 it leaves out); nothing here ran on a TPU.

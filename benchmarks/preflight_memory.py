@@ -90,7 +90,7 @@ def gpt3_xl_config():
 @contextlib.contextmanager
 def activation_constraints(enabled: bool):
     """Switch the model's activation constraints off (``enabled=False``) for the 'before' layout."""
-    from scaling import mesh as mesh_lib
+    from scaling.model import mesh as mesh_lib
 
     original = mesh_lib.activation_sharding
     if not enabled:
@@ -105,7 +105,7 @@ def fsdp_l2(constrained: bool) -> dict:
     """Compile the L2 fsdp=4 step on v5e:2x2 and report its collectives and memory (bytes per chip)."""
     import jax
 
-    from scaling import mesh as mesh_lib, program as program_lib, run_program
+    from scaling.model import mesh as mesh_lib, program as program_lib, run_program
     from scaling.hardware import GIB
     from sweeps import preflight
 

@@ -9,15 +9,15 @@ make up 80% of a 4×256 step: a bound on how close the whole step can come.
 
 ``--part causal-blocks``: the train step of ``benchmarks/throughput.py``
 built twice in one process, with the XLA attention's causal query blocks
-(``scaling.attention.causal_query_blocks``) and with one block (the whole
+(``scaling.model.attention.causal_query_blocks``) and with one block (the whole
 [T, T] square, as before), timed alternately, 2 steps at a time, medians.
 One process and alternating rounds keep the machine's drift out of the ratio.
 
 ``--part composition``: where, between one layer and the whole step, the
 gap to the peer opens. In one process, alternating, for ours and for
 nanoGPT (needs ``--peer``): the forward and backward pass of one layer alone
-(``scaling.model.Block``, gradients for its parameters and its input, against
-a random output gradient), of the model (``scaling.loss.loss_and_grads``; the
+(``scaling.model.transformer.Block``, gradients for its parameters and its input, against
+a random output gradient), of the model (``scaling.model.loss.loss_and_grads``; the
 peer's ``loss.backward()``), and the whole train step (the benchmark's).
 Ours also times ``depth`` layers chained in one program without the
 embedding and loss. Each row gives ms and the peer's time over ours (above
@@ -82,8 +82,8 @@ def matmuls(width: int, repeats: int) -> list[dict]:
 
 def causal_blocks(depth: int, width: int, rounds: int) -> dict:
     """Median ms per train step with causal query blocks and with the whole square, built and timed in turn."""
-    from scaling import attention
-    from scaling import program as program_lib
+    from scaling.model import attention
+    from scaling.model import program as program_lib
 
     built = {}
     blocks = attention.CAUSAL_QUERY_BLOCKS
@@ -112,8 +112,8 @@ def composition(depth: int, width: int, peer_path: str, rounds: int) -> list[dic
     import numpy as np
     import torch
 
-    from scaling.loss import loss_and_grads
-    from scaling.model import Block
+    from scaling.model.loss import loss_and_grads
+    from scaling.model.transformer import Block
 
     torch.set_num_threads(throughput.THREADS)
     config = throughput.train_config(depth, width).model

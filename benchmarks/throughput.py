@@ -3,8 +3,8 @@
 Each config is one (depth L, width d) model trained on random byte tokens:
 sequence 128, batch 16, float32, AdamW with global-norm clipping, head size
 64 (heads = d/64, at least 1), no dropout, no biases in linear layers. Our
-side is exactly ``scaling.program.build(...).train_step``, the jitted, sharded,
-donated step that ``scaling.train.run`` executes, on a one-device mesh, once
+side is exactly ``scaling.model.program.build(...).train_step``, the jitted, sharded,
+donated step that ``scaling.run.train.run`` executes, on a one-device mesh, once
 with scanned and once with unrolled layers (``ModelConfig.scan_layers``).
 The headline ``tokens_per_second`` is the layout we recommend for the depth:
 unrolled up to 8 layers (compiling it takes seconds there), scanned beyond.
@@ -20,10 +20,10 @@ so both see the same machine state; the table shows medians, and how many
 CPU cores other processes used meanwhile (only rows near 0 are fair).
 
 FLOP counts per trained token (forward + backward = 3 × forward), both from
-``scaling.flops.training_flops_per_token``, the count the trainer's MFU uses:
+``scaling.model.flops.training_flops_per_token``, the count the trainer's MFU uses:
 - ``useful``: 6·N with N = 12·L·d² (the budget's parameters);
 - ``full``: 6·(12·L·d² + d·V) + 12·L·T·d, adding the unembedding matmul and
-  attention's scores and weighted values (see ``scaling/flops.py``).
+  attention's scores and weighted values (see ``scaling/model/flops.py``).
 Both are divided by the measured float32 matmul peak (a 2048² ``a @ a``
 through JAX, best of several).
 
@@ -59,9 +59,9 @@ from scaling.cpu_allocator import tune_cpu_allocator  # noqa: E402
 # of unmapping it (one arena, no mmap, a 2 GiB trim threshold), so the step's
 # temporaries stop page-faulting; SCALING_MALLOC_TUNING=0 measures without it.
 # mallopt is process-wide, so the PyTorch peer, which runs in this process,
-# gets the same allocator. Importing scaling.train no longer does this.
+# gets the same allocator. Importing scaling.run.train no longer does this.
 MALLOC_TUNED = tune_cpu_allocator()
-from scaling import train  # noqa: E402, F401
+from scaling.run import train  # noqa: E402, F401
 
 THREADS = 2
 SEQ_LEN, BATCH, VOCAB, HEAD_SIZE = 128, 16, 256, 64
@@ -80,9 +80,9 @@ def parse_config(text: str) -> tuple[int, int]:
 
 
 def flops_per_token(depth: int, width: int) -> dict:
-    """Training FLOPs per token of a benchmark config, from ``scaling.flops.training_flops_per_token``:
+    """Training FLOPs per token of a benchmark config, from ``scaling.model.flops.training_flops_per_token``:
     ``useful`` = its ``layers`` part (6·12·L·d²), ``full`` = its ``total`` (adds the unembedding and attention)."""
-    from scaling.flops import training_flops_per_token
+    from scaling.model.flops import training_flops_per_token
 
     count = training_flops_per_token(train_config(depth, width).model, SEQ_LEN)
     return {"useful": count.layers, "full": count.total}
@@ -122,7 +122,7 @@ def random_batch(mesh) -> dict:
     """One global batch of random byte tokens, [BATCH, SEQ_LEN] each, placed on ``mesh``."""
     import numpy as np
 
-    from scaling import mesh as mesh_lib
+    from scaling.model import mesh as mesh_lib
 
     tokens = np.random.default_rng(0).integers(0, VOCAB, (BATCH, SEQ_LEN + 1), dtype=np.int32)
     local = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
@@ -131,13 +131,13 @@ def random_batch(mesh) -> dict:
 
 
 class Ours:
-    """The trainer's own jitted train step (``scaling.program.build``) for one config, on one device."""
+    """The trainer's own jitted train step (``scaling.model.program.build``) for one config, on one device."""
 
     def __init__(self, depth: int, width: int, **model_changes):
         import jax
 
-        from scaling import mesh as mesh_lib
-        from scaling import program as program_lib
+        from scaling.model import mesh as mesh_lib
+        from scaling.model import program as program_lib
         from scaling.config import MeshConfig
 
         self.config = train_config(depth, width, **model_changes)

@@ -6,7 +6,7 @@
 
 The preflight's first run over a sweep is as slow as libtpu compiling each
 distinct program. This compiles one run's train step the way the preflight
-does (``scaling.run_program.lower_train_step(...)``, then ``.compile()``, for the slice's
+does (``scaling.model.run_program.lower_train_step(...)``, then ``.compile()``, for the slice's
 compile-only devices), once with libtpu's defaults and once per ``--flags``
 (written ``--flags=VALUE``, as the value starts with dashes), each in a fresh process: libtpu reads ``LIBTPU_INIT_ARGS`` once, when
 it starts. Printed per flag set: seconds to lower and to compile, the
@@ -47,8 +47,8 @@ _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 def compile_once(sweep_path: str, run_name: str, topology_name: str) -> dict:
     """Lower and compile ``run_name`` of the sweep for ``topology_name`` in this process; seconds and sizes."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from scaling import mesh as mesh_lib
-    from scaling import program as program_lib, run_program
+    from scaling.model import mesh as mesh_lib
+    from scaling.model import program as program_lib, run_program
     from sweeps import preflight
     from sweeps.spec import load_sweep
 

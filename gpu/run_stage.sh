@@ -85,7 +85,7 @@ timeout --signal=TERM --kill-after=60 "$train_seconds" \
 # Pack the finished runs' records (never checkpoints), in a fixed order.
 "$python" - "$workdir/$sweep_name" "$out" <<'PY'
 import json, pathlib, sys, tarfile
-from scaling import records
+from scaling.store import records
 sweep_dir, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 out.parent.mkdir(parents=True, exist_ok=True)
 finished, tokens, seconds = [], 0, 0.0

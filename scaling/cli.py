@@ -65,8 +65,8 @@ def run_dir_command(parser: argparse.ArgumentParser, argv, use) -> int:
     from scaling.cpu_allocator import tune_cpu_allocator
 
     tune_cpu_allocator()
-    from scaling.rundir import resolve_run_dir
-    from scaling.storage import check_access
+    from scaling.store.rundir import resolve_run_dir
+    from scaling.store.storage import check_access
 
     try:
         # Seconds and one line, instead of a minute of storage client retries before "no such run directory".

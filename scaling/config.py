@@ -48,7 +48,7 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "gelu_exact", "swiglu"]
 AttentionScale = Literal["standard", "log_length"]
 AttentionImpl = Literal["xla", "flash"]
 Dtype = Literal["float32", "bfloat16"]
-# How initialisation, rates and multipliers follow width and depth (``OptimConfig``, ``scaling.parametrization``).
+# How initialisation, rates and multipliers follow width and depth (``OptimConfig``, ``scaling.model.parametrization``).
 Parametrization = Literal["standard", "mup", "completep"]
 
 
@@ -100,7 +100,7 @@ class ModelConfig:
     remat: RematPolicy = "none"
     # ``xla``: attention scores materialised by XLA; ``flash``: a fused kernel that
     # never writes them (Pallas splash attention on TPU, cuDNN on GPU, the splash
-    # kernel interpreted on CPU, for tests); see ``scaling.attention``. The same
+    # kernel interpreted on CPU, for tests); see ``scaling.model.attention``. The same
     # function either way, so not part of the run id.
     attention_impl: AttentionImpl = "xla"
     init_std: PositiveFloat = 0.02
@@ -110,7 +110,7 @@ class ModelConfig:
     # "Overcoming a Theoretical Limitation of Self-Attention" (section 4.1) trains with.
     init_scheme: Literal["normal", "torch"] = "normal"
     # The loss forms logits for about this many tokens of one device's rows of the
-    # (micro)batch at a time (``scaling.loss.cross_entropy_sum``): memory, not
+    # (micro)batch at a time (``scaling.model.loss.cross_entropy_sum``): memory, not
     # results, depends on it.
     loss_chunk_tokens: PositiveInt = 8192
 
@@ -157,7 +157,7 @@ class ModelConfig:
         llama block's three SwiGLU matrices (gate, up, down) hold 3·d·h, so
         h = 2·ff_multiplier·d/3 rounded to the nearest channel keeps the same
         count as closely as whole channels allow (8·d² for the default 4);
-        ``scaling.budget.count_params`` reports the exact count.
+        ``scaling.model.budget.count_params`` reports the exact count.
         """
         if self.block == "llama":
             return max(1, round(2 * self.ff_multiplier * self.width / 3))
@@ -225,7 +225,7 @@ class DataConfig:
 class OptimConfig:
     """AdamW with warmup then decay, and how its numbers (and the model's scales) follow the shape.
 
-    ``parametrization`` (``scaling.parametrization`` holds every rule, each cited):
+    ``parametrization`` (``scaling.model.parametrization`` holds every rule, each cited):
     - ``standard``: initialisation and multipliers as ``model`` says, whatever the
       shape; only ``lr_rule`` scales the rates (today's behaviour, the default);
     - ``mup``: μP ("Tensor Programs V", Tables 3 and 8): hidden matrices' initial
@@ -268,7 +268,7 @@ class OptimConfig:
                      "itself)", self.lr_rule)
 
 
-# One rule maps a logical axis name of scaling.model to mesh axes: one, several,
+# One rule maps a logical axis name of scaling.model.transformer to mesh axes: one, several,
 # or None (replicated). "batch" is an activation axis.
 ShardingRule = tuple[str, str | tuple[str, ...] | None]
 DEFAULT_SHARDING_RULES: tuple[ShardingRule, ...] = (
@@ -306,7 +306,7 @@ class TrainConfig:
     ``batch_size`` sequences of ``data.seq_len`` tokens each.
 
     ``microbatches`` k > 1 accumulates each step's gradient over k slices of
-    its batch (``scaling.loss.loss_and_grads``): the same loss, gradient and
+    its batch (``scaling.model.loss.loss_and_grads``): the same loss, gradient and
     data order as k = 1 with about 1/k of the activation memory, so it is not
     part of the run id. Every data-parallel shard's rows must split into k.
     """
@@ -331,9 +331,7 @@ class TrainConfig:
     wandb_project: str = "depth-width-scaling"
     sweep_name: str = ""  # wandb group
     name: str = ""
-    # Another run's directory: a fresh start takes that run's newest parameters (weights only; the optimizer,
-    # step and data order start afresh). Part of the run id when set: the run that continues is a new run.
-    init_from: str = ""
+    init_from: str = ""  # a run directory whose newest parameters a fresh start takes (weights only; in the id)
 
     def __post_init__(self):
         _require(self.microbatches <= self.batch_size and self.batch_size % self.microbatches == 0,
@@ -446,9 +444,7 @@ def _near(key: str, data: dict) -> str:
     near = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
     near += [by_leaf[leaf] for leaf in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(by_leaf), n=3,
                                                                  cutoff=0.7) if by_leaf[leaf] not in near]
-    if near:
-        return f"; did you mean {' or '.join(near[:3])}?"
-    return "; `depth-width-train config --config tiny` lists every key"
+    return f"; did you mean {' or '.join(near[:3])}?" if near else "; `depth-width-train config` lists every key"
 
 
 # Fields that do not change what a run computes: two configs differing only

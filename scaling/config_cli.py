@@ -35,14 +35,14 @@ def parser(prog: str):
 def resolved(args):
     """(what was read, the ``TrainConfig`` with the overrides applied); ``ValueError`` for unusable input."""
     from scaling.config import override
-    from scaling.train_cli import load_config
+    from scaling.train import load_config
 
     if (args.run_dir is None) == (args.config is None):
         raise ValueError("give either a RUN_DIR or --config PRESET_OR_FILE (not both)")
     if args.config is not None:
         return f"--config {args.config}", override(load_config(args.config), args.overrides)
-    from scaling.restore import read_config
-    from scaling.rundir import resolve_run_dir
+    from scaling.run.restore import read_config
+    from scaling.store.rundir import resolve_run_dir
 
     run_dir = resolve_run_dir(args.run_dir)
     return str(run_dir), override(read_config(run_dir), args.overrides)

@@ -13,7 +13,7 @@ def prepare_process() -> None:
     """Keep JAX from probing for a TPU where none is attached (``platforms.skip_absent_tpu``), and point
     every storage client at the emulator ``STORAGE_EMULATOR_HOST`` names, if set (``storage.use_emulator``)."""
     from scaling.platforms import skip_absent_tpu
-    from scaling.storage import use_emulator
+    from scaling.store.storage import use_emulator
 
     skip_absent_tpu()
     use_emulator()

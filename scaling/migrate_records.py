@@ -5,11 +5,11 @@
 
 Every ``result.json`` at any depth under each directory (local or ``gs://``)
 is read; a record of an older schema version is rewritten at the current one
-(``scaling.records.SCHEMA_VERSION``), one whose version is current is left
+(``scaling.store.records.SCHEMA_VERSION``), one whose version is current is left
 alone and not written, so running the command again, e.g. after more old
 records arrived, costs one read per record and rewrites only the new ones.
-Each rewrite is validated by ``scaling.records`` first and is atomic
-(``scaling.storage.write_atomic``): a reader sees the old record or the new
+Each rewrite is validated by ``scaling.store.records`` first and is atomic
+(``scaling.store.storage.write_atomic``): a reader sees the old record or the new
 one. Run ids never change: the record's ``run_id`` is copied, and the run id
 hashes the config (``scaling.config.config_id``), which is not touched. Run
 it while no trainer of the older code writes to the directory (a record
@@ -18,7 +18,7 @@ rewritten by that trainer in between would come back in the old version).
 Version 1 -> 2: version 1 left ``point_id``, ``lr_rule``, ``peak_lr`` and
 ``planned_steps`` optional, and the earliest records lack them. A missing one
 is taken from the ``config.json`` the trainer wrote beside the record, as the
-trainer computes it (``scaling.train``): ``point_id`` is the run id of the
+trainer computes it (``scaling.run.train``): ``point_id`` is the run id of the
 config with seed 0, ``peak_lr`` and ``lr_rule`` the optimiser's,
 ``planned_steps`` the config's ``steps``. Values the record has are kept.
 """
@@ -31,8 +31,9 @@ import dataclasses
 import json
 import sys
 
-from scaling import cli, records
-from scaling.storage import StorageAccessError, check_access
+from scaling import cli
+from scaling.store import records
+from scaling.store.storage import StorageAccessError, check_access
 
 # Version 2's required fields that version 1 left optional, each as the config gives it.
 _FROM_CONFIG = ("point_id", "lr_rule", "peak_lr", "planned_steps")

@@ -38,7 +38,7 @@ def load(path, *, function: str, constant: str | None = None, expected: type, wh
     except PythonFileError:
         raise
     except Exception as error:  # noqa: BLE001 - anything a user's file raises becomes one line
-        from scaling.rundir import one_line
+        from scaling.store.rundir import one_line
 
         raise PythonFileError(f"{what} {path}: {one_line(error)}") from None
     if not isinstance(value, expected):

@@ -1,6 +1,6 @@
 """Runs of a launcher's share that another launcher holds: wait for them, or hand the share back.
 
-A run whose lease another live process holds (``scaling.lease.RunBusy``), or
+A run whose lease another live process holds (``scaling.store.lease.RunBusy``), or
 that another process took over (``LeaseLost``), is not this launcher's to
 train now, but it is still unfinished. A launcher that exited 0 with such a
 run would tell SkyPilot its job SUCCEEDED; SkyPilot then deletes the slice
@@ -8,7 +8,7 @@ and nothing retries the run if its holder dies. So ``sweeps.launch run``:
 
 - ``--when-busy wait`` (default): polls every ``POLL_SECONDS`` until each such
   run is finished by its holder, or its lease is released or goes stale
-  (``scaling.lease.STALE_SECONDS`` without a heartbeat: a preempted slice's
+  (``scaling.store.lease.STALE_SECONDS`` without a heartbeat: a preempted slice's
   launcher), and then trains it itself (the lease is taken over);
 - ``--when-busy exit``: exits 75 (``PREEMPTED_EXIT_CODE``) naming the runs,
   which SkyPilot's ``recover_on_exit_codes: [75]`` restarts without counting
@@ -27,7 +27,7 @@ WHEN_BUSY = ("wait", "exit")
 
 def holder_text(run, workdir) -> str:
     """Who holds ``run``'s lease, as ``host pid N (heartbeat S s ago)``, or ``nobody now``."""
-    from scaling.lease import Lease
+    from scaling.store.lease import Lease
 
     try:
         holder = Lease(run.run_dir(workdir)).holder()

@@ -309,7 +309,7 @@ def initialize(plan: HostPlan) -> None:
     settings = plan.distributed
     if not settings.get("initialize"):
         return
-    from scaling import mesh as mesh_lib
+    from scaling.model import mesh as mesh_lib
 
     if settings.get("auto"):
         mesh_lib.initialize_distributed(auto=True)

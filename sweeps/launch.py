@@ -22,7 +22,7 @@ pending, resumable and failed runs, cheapest first, in this process
 run would diverge again). A failed or diverged run is recorded and the sweep
 goes on; the summary at the end gives counts, the results table and what the
 analysis can say so far. Exit status: 0, or 1 if a run of this share failed,
-or 75 (``scaling.stopping.PREEMPTED_EXIT_CODE``) after SIGTERM or Ctrl-C,
+or 75 (``scaling.run.stopping.PREEMPTED_EXIT_CODE``) after SIGTERM or Ctrl-C,
 with a checkpoint saved; rerunning the same command resumes. A run that
 another live launcher holds (its lease) is waited for, and taken over once
 the lease goes stale; with ``--when-busy exit`` the launcher exits 75 naming
@@ -59,7 +59,7 @@ import os
 import sys
 
 from scaling import cli
-from scaling.storage import StorageAccessError, check_access, is_remote, write_atomic
+from scaling.store.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
 from sweeps import hosts, packing
 from sweeps import spec as spec_lib
@@ -358,7 +358,7 @@ def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None
     Opened only after the training runs are done, because wandb keeps one
     active run per process and the trainer's runs come first.
     """
-    from scaling.track import finish_wandb_run, open_wandb_run
+    from scaling.run.track import finish_wandb_run, open_wandb_run
 
     run = open_wandb_run(sweep_dir, mode=sweep.base.wandb_mode, project=sweep.base.wandb_project, group=sweep.name,
                          job_type="sweep", name=f"{sweep.name}-sweep", id=f"sweep-{sweep.digest()}",
@@ -473,8 +473,8 @@ def main(argv=None) -> int:
             check_access(args.workdir)
         sweep = spec_lib.with_overrides(spec_lib.load_sweep(args.sweep_file), args.overrides)
         code = COMMANDS[args.command](sweep, args)
-        if "scaling.checkpoints" in sys.modules:  # a run trained here: never wait on an abandoned write
-            return sys.modules["scaling.checkpoints"].exit_now_if_abandoned(code)
+        if "scaling.store.checkpoints" in sys.modules:  # a run trained here: never wait on an abandoned write
+            return sys.modules["scaling.store.checkpoints"].exit_now_if_abandoned(code)
         return code
     except (ValueError, StorageAccessError) as error:  # SweepFileError, LauncherError, config validation errors
         print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """Which runs train together: a share's runs to train, grouped into packs of one shape.
 
 A pack is up to ``pack`` runs that ``run`` trains as one compiled program
-(``scaling.train.run_pack``): runs whose configs have equal
-``scaling.run_program.pack_key`` (they differ only in seed and learning-rate
+(``scaling.run.train.run_pack``): runs whose configs have equal
+``scaling.model.run_program.pack_key`` (they differ only in seed and learning-rate
 numbers) and that resume from the same step (their newest committed
 checkpoint, 0 for none; ``sweeps.state.resume_step``), since a pack's
 members take every step together. The queue's order (cheapest first) is
@@ -72,7 +72,7 @@ def plan_packs(runs: list[RunSpec], pack: int, start_step: Callable[[RunSpec], i
         groups = [[run] for run in runs]
         steps = [start_step(run) for run in runs]
     else:
-        from scaling.run_program import pack_key
+        from scaling.model.run_program import pack_key
 
         groups, steps, open_group = [], [], {}  # open_group: (key, step) -> index of its pack with room
         for run in runs:

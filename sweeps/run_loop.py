@@ -1,18 +1,18 @@
 """The ``run`` command's loop: train a share's runs one after another in this process.
 
 In-process keeps start-up cheap, lets the runs of one shape (seeds, learning
-rates) share one compiled step (``scaling.program``), and lets pod-wide mode
+rates) share one compiled step (``scaling.model.program``), and lets pod-wide mode
 start ``jax.distributed`` once for the whole sweep. The price: a hard crash
 of the process (host out of memory, a segfault) stops the sweep; rerunning
 resumes from the crashed run's last checkpoint.
 
-Each run goes through ``scaling.train.run``, and how it ends decides what
+Each run goes through ``scaling.run.train.run``, and how it ends decides what
 the launcher does next (``Next``): go on with the next run, wait for a run
 that another live launcher holds (``sweeps/busy.py``), or stop the sweep
 with an exit status. A signal stops the sweep whenever it arrives: mid-run
 at the next step, at the end of a run (its final evaluation) or between
 runs before the next one starts, because the loop and its runs share one
-``scaling.stopping.Stop``. Importing this module imports JAX and the
+``scaling.run.stopping.Stop``. Importing this module imports JAX and the
 trainer; ``sweeps.launch`` does so only to train.
 """
 
@@ -24,10 +24,11 @@ from typing import Callable, NamedTuple
 
 import jax
 
-from scaling import checkpoints, lease, progress, records, rundir, train
 from scaling.cli import fmt
-from scaling.ending import ResumesElsewhere
-from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
+from scaling.run import progress, train
+from scaling.run.ending import ResumesElsewhere
+from scaling.run.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
+from scaling.store import checkpoints, lease, records, rundir
 from sweeps import busy as busy_lib
 from sweeps.packing import Pack
 from sweeps.spec import RunSpec
@@ -50,7 +51,7 @@ STORAGE_LOST = Next(done=False, failed=True, exit_code=1)  # writes abandoned: t
 
 class RunLoop:
     """Trains runs in order with one ``Stop``; ``say`` prints a line (a no-op off process 0), and
-    ``train_arguments(run)`` gives ``scaling.train.run``'s further keyword arguments for a run.
+    ``train_arguments(run)`` gives ``scaling.run.train.run``'s further keyword arguments for a run.
 
     After ``train``: ``busy`` holds the runs left to other launchers (with
     ``when_busy="exit"``), ``failed`` the names of runs that failed here.
@@ -97,14 +98,14 @@ class RunLoop:
 
     def train_packs(self, packs: list[Pack], desc: str) -> int | None:
         """Train ``packs`` (``sweeps.packing.plan_packs``) in order, each as one program
-        (``scaling.train.run_pack``; a pack of one alone), then as ``train`` does. A run that left its pack to
+        (``scaling.run.train.run_pack``; a pack of one alone), then as ``train`` does. A run that left its pack to
         resume at its own step trains alone right after it."""
         return self._train_groups([list(pack.runs) for pack in packs], desc)
 
     def _train_groups(self, groups: list[list[RunSpec]], desc: str) -> int | None:
         """Train each group of runs (``train_pack``), then, with ``when_busy="wait"``, the runs other
         launchers held, one at a time as they come free."""
-        # A terminal gets a bar; a log file one line per finished run (scaling/progress.py).
+        # A terminal gets a bar; a log file one line per finished run (scaling/run/progress.py).
         total = sum(map(len, groups))  # none (a finished share): no "0/0 runs" display
         self.bar = progress.bar(total=total, desc=desc, unit="run", interval=0, dynamic_ncols=True,
                                 file=sys.stderr, shown=self.show_progress and total > 0)

@@ -14,9 +14,9 @@ Each run is a ``RunSpec``:
   ones; changing presentation fields (wandb, logging, checkpoint cadence,
   mesh) keeps them;
 - its run directory ``<workdir>/<sweep name>/<run_id>/``, which is exactly
-  what ``scaling.train.run`` writes into.
+  what ``scaling.run.train.run`` writes into.
 
-Widths come from ``scaling.budget.grid`` (width = sqrt(N / 12L) rounded to a
+Widths come from ``scaling.model.budget.grid`` (width = sqrt(N / 12L) rounded to a
 multiple of ``multiple_of``). A budget too small for a depth, or one that
 rounds to a width an earlier budget already gave, is listed in
 ``Expansion.skipped`` rather than raised.
@@ -37,9 +37,10 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from scaling import budget, python_file
+from scaling import python_file
 from scaling.config import TrainConfig, config_id, override, to_dict
-from scaling.flops import training_flops_per_token
+from scaling.model import budget
+from scaling.model.flops import training_flops_per_token
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PARALLELISM = ("pinned", "auto")  # Sweep.parallelism: the config's mesh, or the preflight's choice
@@ -56,7 +57,7 @@ def lr_tag(lr: float) -> str:
 
 
 def training_flops(config: TrainConfig) -> float:
-    """Training cost of ``config`` in FLOPs: ``scaling.flops.training_flops_per_token`` (forward +
+    """Training cost of ``config`` in FLOPs: ``scaling.model.flops.training_flops_per_token`` (forward +
     backward, unembedding and attention included) times the tokens of all steps.
     Evaluation and compilation are not counted.
     """
@@ -205,7 +206,7 @@ class Sweep:
     - ``expected_mfu``: optional (low, high) model FLOP utilisation, as fractions
       of ``base.peak_flops``, that ``dry-run`` quotes its time at (both ends)
       before any run of the sweep has finished, instead of the launcher's guess.
-    - ``pack``: the most runs of one shape (equal ``scaling.run_program.pack_key``;
+    - ``pack``: the most runs of one shape (equal ``scaling.model.run_program.pack_key``;
       they differ only in seed and learning-rate numbers) that ``run`` trains
       together as one compiled program (``sweeps.packing``); 1, the default,
       trains every run alone. ``--pack`` overrides it for one launch.
@@ -214,7 +215,7 @@ class Sweep:
       the chips and ``run`` trains each run in the one its newest kept estimate
       chose (``sweeps.preflight.parallelism``; the mesh is no part of the run id).
     - ``data_parallel_state_bytes``: optional; runs whose training state
-      (``scaling.budget.training_state_bytes``: parameters, gradients, AdamW's
+      (``scaling.model.budget.training_state_bytes``: parameters, gradients, AdamW's
       moments) is at most this many bytes get a data-parallel mesh (data=-1,
       fsdp=1, tensor=1; parameters replicated), the others keep ``base.mesh``.
     Validated on construction: a bad sweep fails before anything runs.

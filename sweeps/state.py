@@ -12,7 +12,7 @@ import os
 import textwrap
 
 from scaling.cli import fmt, text_table
-from scaling.rundir import COMMIT_FILE, checkpoint_steps  # noqa: F401 - COMMIT_FILE: read by the tests
+from scaling.store.rundir import COMMIT_FILE, checkpoint_steps  # noqa: F401 - COMMIT_FILE: read by the tests
 from sweeps.spec import RunSpec, Sweep
 
 
@@ -48,12 +48,12 @@ def resume_step(run_dir) -> int:
 def read_state(run: RunSpec, workdir) -> RunState:
     """The run's status from its directory, without importing the trainer or starting JAX.
 
-    A record that cannot be read, or cannot be trusted (``scaling.record_checks``:
+    A record that cannot be read, or cannot be trusted (``scaling.store.record_checks``:
     another run's record, a final loss the metrics log does not hold) gives status
     ``unreadable`` (with the reason in ``record["error"]``); ``run`` trains such a run again, resuming from
     its checkpoints, and the others are unaffected.
     """
-    from scaling import record_checks, records
+    from scaling.store import record_checks, records
 
     run_dir = run.run_dir(workdir)
     try:  # a record of another run, or with a final loss its metrics log does not hold, counts as damaged
@@ -119,7 +119,7 @@ def run_table(states: list[RunState], multiple_of: int | None = None, packs: dic
 
 
 def budget_note(multiple_of: int | None) -> str:
-    """Why a run's N is not its budget (``scaling.budget.width_for_budget`` says how the width is chosen)."""
+    """Why a run's N is not its budget (``scaling.model.budget.width_for_budget`` says how the width is chosen)."""
     channels = f"{multiple_of} channels" if multiple_of else "the sweep's multiple_of"
     return textwrap.fill(f"budget: the N the sweep file asks for; N: the run's own 12·L·d², its width being "
                          f"the multiple of {channels} whose N is nearest the budget (in log N). They differ by "
@@ -172,7 +172,7 @@ def summary(sweep: Sweep, states: list[RunState], workdir, packs: dict[str, str]
     """Counts per status, the results table (with a ``pack`` column when ``packs`` is given, as in
     ``run_table``), loss at equal size and the analysis."""
     sweep_dir = os.path.join(str(workdir), sweep.name)
-    from sweeps import calibration
+    from sweeps.preflight import calibration
 
     parts = [f"== sweep {sweep.name}: {counts_line(states)} (of {len(states)} runs)",
              run_table(states, sweep.multiple_of, packs), *calibration.lines(states)]

@@ -111,7 +111,7 @@ def gcs(gcs_emulator, monkeypatch, tmp_path):
     and nothing may land there."""
     import uuid
 
-    from scaling import storage
+    from scaling.store import storage
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
     for name in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):

@@ -1,5 +1,5 @@
 """Fresh parameters of a small model, for the model, attention, loss and parametrization tests (the trainer
-initialises its state in ``scaling.program``)."""
+initialises its state in ``scaling.model.program``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from scaling.config import ModelConfig
-from scaling.model import Transformer
-from scaling.parametrization import Multipliers
+from scaling.model.parametrization import Multipliers
+from scaling.model.transformer import Transformer
 
 
 def init_params(config: ModelConfig, rng, batch_size: int = 1, length: int | None = None,

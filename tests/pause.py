@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from scaling.track import Tracker
+from scaling.run.track import Tracker
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ from analysis.synthetic import synthetic_runs
 
 
 def record_json(name, depth, width, seed, loss, fingerprint="fp", **extra):
-    """A valid finished run record (``scaling.records``) as JSON text."""
-    from scaling.records import RunRecord
+    """A valid finished run record (``scaling.store.records``) as JSON text."""
+    from scaling.store.records import RunRecord
 
     return RunRecord(run_id=name, status="finished", depth=int(depth), width=int(width), seed=int(seed),
                      params_non_embedding=12 * int(depth) * int(width) ** 2, name=name,

@@ -9,7 +9,7 @@ import pytest
 
 import helpers
 from analysis import log_length
-from scaling import records
+from scaling.store import records
 
 
 def _write_run(root: Path, run_id: str, task: str, n: int, arm: str, seed: int, accuracy: float, bits: float,

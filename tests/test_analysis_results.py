@@ -114,9 +114,9 @@ def test_single_depth_is_refused(tmp_path):
 
 
 # The JAX-free modules that read what runs leave behind: records, their metrics and the storage under them,
-# and the run directories' names (scaling.rundir: a sweep's run found by its name).
-RECORD_READERS = ("scaling.records", "scaling.record_checks", "scaling.metrics_log", "scaling.storage",
-                  "scaling.rundir")
+# and the run directories' names (scaling.store.rundir: a sweep's run found by its name).
+RECORD_READERS = ("scaling.store.records", "scaling.store.record_checks", "scaling.store.metrics_log", "scaling.store.storage",
+                  "scaling.store.rundir")
 # The command line's shared, JAX-free pieces: one parser for every entry point, and what each does first
 # (tests/test_help.py checks that `python -m analysis --help` loads no JAX).
 COMMAND_LINE = ("scaling.cli", "scaling.entry")

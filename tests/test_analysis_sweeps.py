@@ -14,7 +14,7 @@ from analysis.points import aggregate_seeds
 from analysis.results import load_runs
 from analysis.summary import Outcome, analyse, summarize
 from analysis.synthetic import synthetic_runs
-from scaling.records import RunRecord
+from scaling.store.records import RunRecord
 
 BETTER, WORSE = 1e-3, 2e-3
 

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaling import attention
 from scaling.config import ModelConfig
-from scaling.model import attention_logit_scale
+from scaling.model import attention
+from scaling.model.transformer import attention_logit_scale
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 2, 256, 2, 32
 
@@ -114,9 +114,9 @@ def test_analytic_kernel_flops_skip_the_blocks_above_the_diagonal(monkeypatch):
 
 
 def test_a_model_with_flash_attention_trains_like_one_with_xla():
-    from scaling.loss import compute_loss
+    from scaling.model.loss import compute_loss
     from model_params import init_params
-    from scaling.model import Transformer
+    from scaling.model.transformer import Transformer
 
     length = 128  # one block: the kernels' masks are tested above
     flash = ModelConfig(depth=1, width=64, head_dim=32, max_seq_len=length, attention_scale="log_length",
@@ -137,7 +137,7 @@ def test_a_model_with_flash_attention_trains_like_one_with_xla():
 
 def test_flash_under_a_sharded_mesh_runs_per_device_and_equals_xla(eight_devices):
     # Batch split over data × fsdp and heads over tensor: each device runs the kernel on its own shard.
-    from scaling import mesh as mesh_lib
+    from scaling.model import mesh as mesh_lib
     from scaling.config import MeshConfig
 
     config = MeshConfig(data=2, fsdp=2, tensor=2)

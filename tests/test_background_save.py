@@ -1,4 +1,4 @@
-"""Checkpoints saved behind the training loop (scaling/background_save.py): newest only, errors raised
+"""Checkpoints saved behind the training loop (scaling/store/background_save.py): newest only, errors raised
 later, a stop's wait bounded."""
 
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from scaling.background_save import BackgroundSaver
+from scaling.store.background_save import BackgroundSaver
 
 
 class SlowStorage:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from scaling import budget
+from scaling.model import budget
 
 
 def test_non_embedding_params_is_twelve_l_d_squared():

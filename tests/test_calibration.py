@@ -10,8 +10,9 @@ import types
 import pytest
 
 import tiny
-from scaling import records
-from sweeps import calibration, launch, preflight
+from scaling.store import records
+from sweeps import launch, preflight
+from sweeps.preflight import calibration
 from sweeps.preflight import estimate_store
 from sweeps.preflight import table as preflight_table
 from sweeps.spec import load_sweep

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import tiny
-from scaling import records
+from scaling.store import records
 
 
 def _largest_file(directory: Path) -> Path:
@@ -44,7 +44,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, 
 def test_a_failed_checkpoint_stops_the_run_there_and_the_next_run_starts_clean(tmp_path, monkeypatch, capsys, when):
     """A checkpoint write that fails at step 4 stops that run at step 4 with one line; the next run
     logs into its own wandb run; the retried run ends with one metrics row per step."""
-    from scaling import checkpoints
+    from scaling.store import checkpoints
     from sweeps import launch as launcher
 
     sweep = tiny.write_sweep(tmp_path, grid="depths=(1,), widths={1: (16, 32)}", wandb="offline")

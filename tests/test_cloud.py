@@ -379,11 +379,11 @@ def test_one_share_wider_than_the_sweep_is_a_note(capsys):
 
 def write_record(run, workdir):
     """A finished record for ``run`` in the (gs://) work directory, as the trainer writes it (no training)."""
-    from scaling import records
-    from scaling.storage import write_atomic
+    from scaling.store import records
+    from scaling.store.storage import write_atomic
 
     config = run.config
-    # A finished run's metrics log holds its final loss (scaling.record_checks).
+    # A finished run's metrics log holds its final loss (scaling.store.record_checks).
     write_atomic(run.run_dir(workdir) / "metrics.jsonl", '{"step": 0, "eval_loss": 3.0}\n')
     records.write_record(run.run_dir(workdir), records.RunRecord(
         run_id=run.run_id, status="finished", depth=config.model.depth, width=config.model.width, seed=config.seed,

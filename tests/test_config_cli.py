@@ -1,5 +1,5 @@
 """``depth-width-train config``: the resolved config of a preset or a run, its ``--set`` keys, and the
-trainer's echo of its overrides (scaling/config_cli.py, scaling/train_cli.py)."""
+trainer's echo of its overrides (scaling/config_cli.py, scaling/train.py)."""
 
 import json
 import shutil
@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import tiny
-from scaling import train_cli
+from scaling import train as train_cli
 from scaling.config import config_id, from_dict, override, to_dict, TrainConfig
 
 

@@ -7,7 +7,8 @@ import tarfile
 
 import pytest
 
-from scaling import corpus, corpus_build, corpus_cli, token_cache
+from scaling import corpus as corpus_cli
+from scaling.data import corpus, corpus_build, token_cache
 
 HTML = """<html><head><title>T</title><style>p {color: red}</style><script>var x = 1;</script></head>
 <body><div class="navheader"><a href="a.html">Prev</a> Up Next</div>

@@ -1,5 +1,5 @@
 """The TPU cost model is a package of its own (``sweeps/preflight/``) with a public face, and the train
-step is lowered ahead of time in one place (``scaling.run_program.lower_train_step``)."""
+step is lowered ahead of time in one place (``scaling.model.run_program.lower_train_step``)."""
 
 import ast
 from pathlib import Path
@@ -8,8 +8,10 @@ import pytest
 
 import tiny
 from helpers import REPO
-from scaling import data, program as program_lib, run_program, train
 from scaling.config import DataConfig, ModelConfig, TrainConfig
+from scaling.data import pipeline as data
+from scaling.model import program as program_lib, run_program
+from scaling.run import train
 from sweeps import preflight
 COST_PACKAGE = "sweeps.preflight"
 # Code that may use only the cost package's public names; benchmarks call no private function at all.

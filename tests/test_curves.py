@@ -12,7 +12,7 @@ from etils import epath
 import tiny
 from analysis import curves
 from analysis.__main__ import main
-from scaling.metrics_log import MetricsLog, read_metrics
+from scaling.store.metrics_log import MetricsLog, read_metrics
 
 TOKENS_PER_STEP = tiny.config().batch_size * tiny.config().data.seq_len
 

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import helpers
-from scaling import corpus, data, token_cache
 from scaling.config import DataConfig
-from scaling.tokenizer import ByteTokenizer, load_hf, train_bpe
+from scaling.data import corpus, pipeline as data, token_cache
+from scaling.data.tokenizer import ByteTokenizer, load_hf, train_bpe
 
 # Token caches built on first use go under each test's directory (conftest.py).
 pytestmark = pytest.mark.usefixtures("own_cache_home")
@@ -172,8 +172,8 @@ def test_local_files_reject_unknown_suffix_and_missing_column(tmp_path):
 
 HUB_SCRIPT = """
 import datasets, json, sys
-from scaling import corpus, data
 from scaling.config import DataConfig
+from scaling.data import corpus, pipeline as data
 assert datasets.config.HF_HUB_OFFLINE and datasets.config.HF_DATASETS_OFFLINE
 config = DataConfig(source="hub", hub_name=sys.argv[1], hub_split=sys.argv[2], seq_len=8)
 print(json.dumps({"documents": corpus.load_hub_documents(config), "stats": data.build(config).stats}))

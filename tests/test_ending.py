@@ -6,12 +6,15 @@ import json
 import pytest
 
 import tiny
-from scaling import budget, lease as lease_lib, member as member_lib, program as program_lib, records, rundir, train, train_cli
-from scaling.checkpoints import CheckpointError, WriteAbandoned
+from scaling import train as train_cli
 from scaling.config import DataConfig, config_id, to_dict
-from scaling.ending import REFUSED, AlreadyFinished, Ending, ResumesElsewhere, as_raised, ending
-from scaling.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
-from scaling.track import Tracker
+from scaling.model import budget, program as program_lib
+from scaling.run import member as member_lib, train
+from scaling.run.ending import REFUSED, AlreadyFinished, Ending, ResumesElsewhere, as_raised, ending
+from scaling.run.stopping import PREEMPTED_EXIT_CODE, LeaseLost, Preempted, Stop
+from scaling.run.track import Tracker
+from scaling.store import lease as lease_lib, records, rundir
+from scaling.store.checkpoints import CheckpointError, WriteAbandoned
 
 
 def _finished_record() -> records.RunRecord:

@@ -26,6 +26,6 @@ def _changed_variables(statements: str) -> list:
 
 
 def test_importing_the_packages_leaves_the_environment_alone_and_the_command_lines_prepare_it():
-    assert _changed_variables("import scaling, scaling.train, sweeps.launch") == []
+    assert _changed_variables("import scaling, scaling.run.train, sweeps.launch") == []
     prepared = set(_changed_variables("from scaling.entry import prepare_process; prepare_process()"))
     assert {"TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"} <= prepared <= set(OWN)

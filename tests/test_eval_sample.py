@@ -1,5 +1,5 @@
-"""``python -m scaling.train eval`` and ``sample``: a trained run read back and used (scaling/restore.py,
-scaling/evaluate.py, scaling/generate.py), on the session's tiny reference run (trained on one device)."""
+"""``python -m scaling.train eval`` and ``sample``: a trained run read back and used (scaling/run/restore.py,
+scaling/run/evaluate.py, scaling/run/generate.py), on the session's tiny reference run (trained on one device)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling import evaluate, generate, train, train_cli
-from scaling.restore import RunDirError, load_run
-from scaling.tokenizer import ByteTokenizer
+from scaling import train as train_cli
+from scaling.data.tokenizer import ByteTokenizer
+from scaling.run import evaluate, generate, train
+from scaling.run.restore import RunDirError, load_run
 
 TEXT = ("Depth and width trade against each other at a fixed parameter budget. "
         "ZZZZ qqqq 1234567890 !!!! ~~~~ ")
@@ -136,7 +137,7 @@ def test_eval_batches_limits_a_file(reference, tmp_path):
 def reference_greedy(run, prompt_ids, new_tokens: int) -> list[int]:
     """Greedy decoding written plainly: the model on the whole (last max_seq_len tokens of the) context,
     every step, at the context's own length."""
-    from scaling.model import Transformer
+    from scaling.model.transformer import Transformer
 
     apply = jax.jit(Transformer(run.config.model).apply)
     params = jax.device_get(run.params)
@@ -173,7 +174,7 @@ def test_sampling_is_deterministic_for_a_seed_and_differs_between_seeds(referenc
     assert draws[0] != draws[2]
     assert all(token not in (run.pad_id, run.mask_id, run.cls_id) for token in draws[0] + draws[2])
     # top-k 50: every token drawn is among the 50 most likely at its step; checked for the first one.
-    from scaling.model import Transformer
+    from scaling.model.transformer import Transformer
 
     logits = np.asarray(Transformer(run.config.model).apply({"params": jax.device_get(run.params)},
                                                             prompt[None])[0, -1])
@@ -273,7 +274,7 @@ def test_a_misspelt_or_ambiguous_run_name_gives_one_line_naming_the_nearest(refe
     # The sweep's own listing says which of them is the run of the sweep as it is now.
     (tmp_path / "smoke" / "sweep.json").write_text(json.dumps({"runs": [{"name": "tiny",
                                                                         "run_id": "ba9876543210"}]}))
-    from scaling.rundir import resolve_run_dir
+    from scaling.store.rundir import resolve_run_dir
 
     assert str(resolve_run_dir(tmp_path / "smoke" / "tiny")) == str(tmp_path / "smoke" / "ba9876543210")
 
@@ -321,8 +322,8 @@ def test_sampling_computes_the_runs_parametrization():
     import dataclasses
     from types import SimpleNamespace
 
-    from scaling import parametrization
-    from scaling.model import Transformer
+    from scaling.model import parametrization
+    from scaling.model.transformer import Transformer
 
     base = tiny.config()
     config = dataclasses.replace(base, optim=dataclasses.replace(base.optim, parametrization="completep",

@@ -1,4 +1,4 @@
-"""``export RUN_DIR --to hf DIR`` (scaling/export_hf.py): the model loads in Hugging Face ``transformers``
+"""``export RUN_DIR --to hf DIR`` (scaling/run/export_hf.py): the model loads in Hugging Face ``transformers``
 and gives the project's own logits on the same tokens.
 
 Tolerance: float32 on CPU, the largest absolute difference of the logits below 1e-4 (they differ only in
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling import export_hf, train
 from scaling.config import to_dict
-from scaling.restore import load_run
+import scaling.train as train_command
+from scaling.run import export_hf
+from scaling.run.restore import load_run
 
 TOLERANCE = 1e-4  # largest |logit difference|, float32
 
@@ -40,7 +41,7 @@ def hf_extra(monkeypatch):
 
 def command(capsys, *argv):
     try:
-        status = train.main([str(a) for a in argv])
+        status = train_command.main([str(a) for a in argv])
     except SystemExit as exit:
         status = exit.code
     out, err = capsys.readouterr()
@@ -90,8 +91,8 @@ class RandomRun:
 
 
 def random_run(**model_changes) -> RandomRun:
-    from scaling import parametrization
-    from scaling.model import Transformer
+    from scaling.model import parametrization
+    from scaling.model.transformer import Transformer
 
     base = tiny.config()
     optim = dataclasses.replace(base.optim, parametrization=model_changes.pop("parametrization", "standard"))

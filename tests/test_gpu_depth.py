@@ -16,7 +16,7 @@ import helpers
 import tiny
 from analysis.synthetic import expected_loss, planted_params
 from helpers import REPO
-from scaling import records
+from scaling.store import records
 from sweeps import launch
 from sweeps.configs import gpu_depth
 
@@ -73,6 +73,9 @@ def write_scout_records(root, sweep, loss_of) -> None:
             tokens_per_step=config.batch_size * config.data.seq_len)
         run_dir = Path(str(run.run_dir(root)))
         run_dir.mkdir(parents=True)
+        # A finished run's metrics log holds its final loss (scaling.store.record_checks).
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": config.steps, "eval_loss": record.final_eval_loss})
+                                               + "\n")
         records.write_record(run_dir, record)
 
 
@@ -168,7 +171,8 @@ def test_run_stage_refuses_bad_arguments(args, message):
 
 def micro_corpus(tmp_path) -> Path:
     """A corpus built from a small folder of the built-in prose: its tokens.tar.xz."""
-    from scaling import corpus, corpus_cli
+    from scaling import corpus as corpus_cli
+    from scaling.data import corpus
 
     texts = tmp_path / "texts"
     texts.mkdir()

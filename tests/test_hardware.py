@@ -8,8 +8,8 @@ import pytest
 
 import tiny
 from scaling import hardware
-from scaling.flops import model_flops_utilization
-from scaling.metrics_log import read_metrics
+from scaling.model.flops import model_flops_utilization
+from scaling.store.metrics_log import read_metrics
 from sweeps import hosts
 
 

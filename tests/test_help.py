@@ -17,9 +17,9 @@ HEAVY = ("jax", "flax", "optax", "orbax")  # what made --help take seconds
 # module run by `python -m`, the function building its parser
 ENTRY_POINTS = {
     "sweeps.launch": "sweeps.launch:build_parser",
-    "scaling.train": "scaling.train_cli:build_parser",
+    "scaling.train": "scaling.train:build_parser",
     "analysis": "analysis.__main__:build_parser",
-    "scaling.data": "scaling.data_cli:_parser",
+    "scaling.data": "scaling.data.__main__:_parser",
 }
 
 

@@ -12,7 +12,7 @@ RATES = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
 
 
 def test_the_sweep_crosses_two_4x_axes_with_three_parametrizations_and_six_rates(monkeypatch):
-    from scaling import data
+    from scaling.data import pipeline as data
 
     monkeypatch.setattr(data, "build", lambda *_: pytest.fail("expanding a sweep must not build the data"))
     sweep = spec.load_sweep(REPO / "sweeps" / "configs" / "hp_transfer.py")

@@ -3,14 +3,16 @@
 
 import dataclasses
 import gzip
+import os
 import json
 
 import pytest
 import tiny
 
-from scaling import records, train
 from scaling.config import ModelConfig, config_id
-from scaling.restore import RunDirError
+from scaling.run import train
+from scaling.run.restore import RunDirError
+from scaling.store import records
 
 
 def test_a_run_continues_another_runs_weights_at_a_new_rate(tmp_path):
@@ -63,3 +65,24 @@ def test_a_profile_needs_a_start_after_the_compiling_step(tmp_path):
     assert done.returncode == 2 and "--profile" in done.stderr and "START >= 1" in done.stderr
     with pytest.raises(ValueError, match="steps=0"):
         train.Profile(1, 0, tmp_path)
+
+
+def test_the_docs_block_continues_a_run_and_profiles_it(tiny_reference, tmp_path):
+    """docs/training.md's --init-from and --profile command, as written, on a copy of a trained run at runs/tiny."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    page = (REPO / "docs" / "training.md").read_text()
+    block = re.search(r"## Start from another run, and profile steps.*?```bash\n(.*?)```", page, flags=re.S).group(1)
+    (command,) = [line for line in block.splitlines() if line.strip()]
+    shutil.copytree(tiny_reference[0], tmp_path / "runs" / "tiny")
+    done = subprocess.run(command.replace("python3 ", f"{sys.executable} ", 1), shell=True, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**tiny.env(devices=1), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert records.read_record(tmp_path / "runs" / "tiny-cont").parent_run_id == tiny_reference[1].run_id
+    assert list((tmp_path / "runs" / "tiny-cont" / "profile").rglob("perfetto_trace.json.gz"))

@@ -14,7 +14,9 @@ import pytest
 import helpers
 import tiny
 from helpers import REPO
-from scaling import records, train, train_cli
+from scaling import train as train_cli
+from scaling.run import train
+from scaling.store import records
 from sweeps import launch, spec
 
 write_sweep = tiny.write_sweep  # (directory, name, grid, steps=..., ...): a sweep file of the tiny runs
@@ -33,7 +35,7 @@ def results(sweep_dir: Path) -> dict:
 
 def write_record(run, workdir, status="finished", loss=3.0, **fields):
     """Write ``run``'s record by hand, as the trainer would (no training)."""
-    from scaling import records
+    from scaling.store import records
 
     config = run.config
     record = records.RunRecord(
@@ -44,7 +46,7 @@ def write_record(run, workdir, status="finished", loss=3.0, **fields):
         **fields)
     run_dir = Path(str(run.run_dir(workdir)))
     run_dir.mkdir(parents=True, exist_ok=True)
-    if status == "finished":  # a finished run's metrics log holds its final loss (scaling.record_checks)
+    if status == "finished":  # a finished run's metrics log holds its final loss (scaling.store.record_checks)
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": record.steps, "eval_loss": loss}) + "\n")
     records.write_record(run_dir, record)
     return record
@@ -162,8 +164,8 @@ def test_diverging_run_is_recorded_and_the_others_finish(tmp_path, capsys, monke
 
 def test_failures_are_recorded_and_preemption_stops_the_sweep(tmp_path, capsys, monkeypatch):
     # The control flow around train.run, with a stand-in trainer (real training is covered above).
-    from scaling import train
-    from scaling.stopping import PREEMPTED_EXIT_CODE, Preempted
+    from scaling.run import train
+    from scaling.run.stopping import PREEMPTED_EXIT_CODE, Preempted
 
     sweep_file = write_sweep(tmp_path, "flow", "depths=(1,), widths={1: (16, 32, 48)}")
     workdir = tmp_path / "runs"
@@ -298,7 +300,7 @@ def test_run_takes_the_host_share_then_hides_the_other_hosts(tmp_path, capsys, m
 
 @pytest.mark.parametrize("flags, shown", [([], True), (["--no-progress"], False)])
 def test_no_progress_reaches_the_trainer(tmp_path, capsys, monkeypatch, flags, shown):
-    from scaling import train
+    from scaling.run import train
 
     sweep_file = write_sweep(tmp_path, "quiet", "depths=(1,), widths={1: (16,)}")
     seen = []
@@ -412,9 +414,11 @@ def test_sweep_file_errors_give_one_error_line(tmp_path, capsys):
 
 
 def test_preflight_is_dispatched_lazily(tmp_path, monkeypatch):
-    # Importing the launcher must not import the preflight (and, through it, libtpu's compiler path).
-    probe = helpers.run_python("import sys, sweeps.launch; print('sweeps.preflight' in sys.modules)", check=True)
-    assert probe.stdout.strip() == "False"
+    # Importing the launcher must not import the preflight (and, through it, libtpu's compiler path): only its
+    # options (the flags of its command), which import nothing but the standard library.
+    probe = helpers.run_python("import sys, sweeps.launch; print('sweeps.preflight.report' in sys.modules, "
+                               "'jax' in sys.modules)", check=True)
+    assert probe.stdout.strip() == "False False"
     from sweeps import preflight
 
     sweep_file = write_sweep(tmp_path, "unit", "depths=(1, 2), widths={1: (16,), 2: (16,)}")

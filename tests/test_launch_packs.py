@@ -13,7 +13,7 @@ import pytest
 
 import helpers
 import tiny
-from scaling import records
+from scaling.store import records
 from sweeps import launch, spec
 
 GRID = "depths=(1,), widths={1: (16,)}, seeds=(0, 1, 2)"
@@ -95,7 +95,7 @@ def test_a_sweep_files_pack_default_packs_in_process(tmp_path, capsys, monkeypat
     sweep_file = tmp_path / "packed.py"
     sweep_file.write_text(tiny.sweep_text("packed", GRID + ", pack=2", sweep_file))
     tiny.on_one_device(monkeypatch)  # the run left alone trains with train.run
-    from scaling import train as pack_train
+    from scaling.run import train as pack_train
 
     real = pack_train.run_pack
     sizes = []

@@ -8,7 +8,8 @@ import pytest
 
 import helpers
 import tiny
-from scaling import lease, records, stopping
+from scaling.run import stopping
+from scaling.store import lease, records
 
 
 def test_a_live_lease_blocks_and_a_stale_one_is_taken_over(tmp_path):

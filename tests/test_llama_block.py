@@ -11,9 +11,9 @@ import pytest
 
 import helpers
 from model_params import init_params
-from scaling import budget, flops
 from scaling.config import ModelConfig, TrainConfig, config_id, override
-from scaling.model import Transformer, _ACTIVATIONS, rotary_positions
+from scaling.model import budget, flops
+from scaling.model.transformer import Transformer, _ACTIVATIONS, rotary_positions
 
 
 def _swiglu_hidden(width, ff_multiplier=4):
@@ -105,7 +105,7 @@ def test_llama_model_is_causal_and_learns_positions_through_rotation():
 
 
 def test_the_tiny_preset_trains_with_the_llama_block_from_the_command_line(tmp_path):
-    from scaling import records
+    from scaling.store import records
 
     done = helpers.run_module("scaling.train", "--config", "tiny", "--workdir", tmp_path / "run", "--set",
                               "model.block=llama", "--set", "steps=30", "--set", "eval_every=0", "--no-progress",

@@ -9,10 +9,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from model_params import init_params
-from scaling import mesh as mesh_lib
 from scaling.config import MeshConfig, ModelConfig
-from scaling.loss import compute_loss, cross_entropy_sum, mask_for_mlm, slice_positions
-from scaling.model import Transformer, unembed
+from scaling.model import mesh as mesh_lib
+from scaling.model.loss import compute_loss, cross_entropy_sum, mask_for_mlm, slice_positions
+from scaling.model.transformer import Transformer, unembed
 from sweeps.preflight import hlo
 
 VOCAB, PADDED, WIDTH = 300, 384, 32

@@ -3,7 +3,7 @@ one job, and activations are sharded (logical names on activations, mapped throu
 
 Runs on the 8 fake CPU devices of ``conftest.py``. The collective bytes are
 read from the compiled CPU program with ``sweeps.preflight.collective_traffic``; programs are lowered ahead
-of time by ``scaling.run_program.lower_train_step``, as the preflight and the benchmarks lower them.
+of time by ``scaling.model.run_program.lower_train_step``, as the preflight and the benchmarks lower them.
 """
 
 import contextlib
@@ -17,9 +17,10 @@ from jax.sharding import PartitionSpec
 
 import helpers
 import tiny
-from scaling import mesh as mesh_lib, program as program_lib, run_program, train
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig
-from scaling.model import RESIDUAL
+from scaling.model import mesh as mesh_lib, program as program_lib, run_program
+from scaling.model.transformer import RESIDUAL
+from scaling.run import train
 from sweeps.preflight import collective_traffic
 
 

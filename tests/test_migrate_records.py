@@ -6,8 +6,9 @@ import json
 import pytest
 from etils import epath
 
-from scaling import migrate_records, records
+from scaling import migrate_records
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig, config_id, to_dict
+from scaling.store import records
 
 
 def config(seed=0, lr=2e-3) -> TrainConfig:

@@ -11,10 +11,10 @@ import optax
 import pytest
 
 from model_params import init_params
-from scaling import budget
 from scaling.config import ModelConfig
-from scaling.loss import compute_loss
-from scaling.model import Transformer, attention_logit_scale, stack_layers, unstack_layers
+from scaling.model import budget
+from scaling.model.loss import compute_loss
+from scaling.model.transformer import Transformer, attention_logit_scale, stack_layers, unstack_layers
 
 SHAPES = [(1, 64), (2, 128), (3, 320), (6, 192), (12, 768)]
 

@@ -14,7 +14,8 @@ from scaling import multihost
 # every function gave it.
 AGREE = textwrap.dedent('''
     import json, sys
-    from scaling import mesh, multihost
+    from scaling import multihost
+    from scaling.model import mesh
 
     index, port = int(sys.argv[1]), sys.argv[2]
     mesh.initialize_distributed(f"127.0.0.1:{port}", 2, index)

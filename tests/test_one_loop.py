@@ -1,4 +1,4 @@
-"""One training loop for a run alone and for a pack (scaling/loop.py, scaling/train.py).
+"""One training loop for a run alone and for a pack (scaling/run/loop.py, scaling/run/train.py).
 
 A run trained alone, as a pack of one and inside a pack of three keeps the same metrics rows, record
 fields and committed checkpoints (losses to the packed tolerance), for a causal LM and a classification
@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 import tiny
 
-from scaling import background_save, checkpoints as checkpoints_lib, lease as lease_lib, program as program_lib
-from scaling import record_checks, records, train
 from scaling.config import DataConfig, ModelConfig
-from scaling.loop import Evaluation, Hook
-from scaling.metrics_log import read_metrics
-from scaling.stopping import LeaseLost, Preempted, Stop
-from scaling.storage import is_remote
+from scaling.model import program as program_lib
+from scaling.run import train
+from scaling.run.loop import Evaluation, Hook
+from scaling.run.stopping import LeaseLost, Preempted, Stop
+from scaling.store import background_save, checkpoints as checkpoints_lib, lease as lease_lib
+from scaling.store import record_checks, records
+from scaling.store.metrics_log import read_metrics
+from scaling.store.storage import is_remote
 
 RTOL = 1e-5  # a member follows its solo run to float32 rounding (tests/test_pack_train.py)
 SEEDS_AND_RATES = ((0, 3e-3), (1, 1e-3), (2, 1e-2))
@@ -236,3 +238,11 @@ def test_a_runs_checkpoint_failure_ends_that_run_alone_naming_its_own_directory(
     assert isinstance(outcomes[0], checkpoints_lib.CheckpointError) and str(dirs[0]) in str(outcomes[0])
     assert records.read_record(dirs[0]).status == "failed"
     assert [outcome.status for outcome in outcomes[1:]] == ["finished", "finished"]
+
+
+def test_the_trainer_is_found_where_users_imported_it():
+    import scaling.train as public
+
+    from scaling.run import train as trainer
+
+    assert public.run is trainer.run and public.run_pack is trainer.run_pack and public.Hook is Hook

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling import data, mesh as mesh_lib, program as program_lib
 from scaling.config import OptimConfig
+from scaling.data import pipeline as data
+from scaling.model import mesh as mesh_lib, program as program_lib
 
 
 @pytest.mark.parametrize("rule,hidden,other", [

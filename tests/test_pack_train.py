@@ -1,4 +1,4 @@
-"""Packs of runs trained together (scaling/train.py, scaling/loop.py): each run keeps a solo run's record, metrics,
+"""Packs of runs trained together (scaling/run/train.py, scaling/run/loop.py): each run keeps a solo run's record, metrics,
 checkpoints and end, and follows the run trained alone.
 
 Tolerance. A packed run's losses equal its solo run's to a relative 1e-5 over the 8 steps, not
@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling import loop, records, train as pack_train
-from scaling.ending import AlreadyFinished, ResumesElsewhere
-from scaling.stopping import Preempted, Stop
+from scaling.run import loop, train as pack_train
+from scaling.run.ending import AlreadyFinished, ResumesElsewhere
+from scaling.run.stopping import Preempted, Stop
+from scaling.store import records
 
 RTOL = 1e-5  # see the module docstring
 RATES = ((0, 3e-3), (1, 1e-3), (2, 1e-2))

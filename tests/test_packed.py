@@ -1,4 +1,4 @@
-"""Packed runs (scaling/packed.py): k runs of one shape as one vmapped program, each member a solo run.
+"""Packed runs (scaling/model/packed.py): k runs of one shape as one vmapped program, each member a solo run.
 
 Every check runs in both batchings (``vmap``, ``map``) where the runs share devices.
 
@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling import data, mesh as mesh_lib, packed, program
-from scaling.checkpoints import Checkpoints
 from scaling.config import MeshConfig
-from scaling.train import resolve_config
+from scaling.data import pipeline as data
+from scaling.model import mesh as mesh_lib, packed, program
+from scaling.run.train import resolve_config
+from scaling.store.checkpoints import Checkpoints
 
 STEPS = 5
 RTOL = 2e-6  # see the module docstring
@@ -189,7 +190,7 @@ def test_configs_of_different_shapes_are_refused():
 
 def test_a_cpu_pack_loops_over_its_runs_unless_they_have_devices_of_their_own():
     one_group = mesh_lib.make_packed_mesh(MeshConfig(), runs=1, devices=jax.devices()[:8])
-    assert packed.default_batching(one_group) == "map"  # see scaling/packed.py and benchmarks/packed_throughput.py
+    assert packed.default_batching(one_group) == "map"  # see scaling/model/packed.py and benchmarks/packed_throughput.py
     assert packed.default_batching(mesh_lib.make_packed_mesh(MeshConfig(), runs=4, devices=jax.devices()[:8])) == "vmap"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tiny
-from scaling.run_program import pack_key
+from scaling.model.run_program import pack_key
 from sweeps import launch, packing, spec, state
 from sweeps.spec import Sweep
 
@@ -23,7 +23,7 @@ def runs_of(grid: str, tmp_path, name: str = "packs", **fields) -> list[spec.Run
 
 def commit_steps(run_dir, steps) -> None:
     """Save checkpoints of ``steps`` in ``<run_dir>/checkpoints`` with orbax itself, laid out as it commits them
-    (items ``state`` and ``meta``, as ``scaling.checkpoints`` saves; local or gs://)."""
+    (items ``state`` and ``meta``, as ``scaling.store.checkpoints`` saves; local or gs://)."""
     import orbax.checkpoint as ocp
     from etils import epath
 
@@ -268,7 +268,7 @@ def test_run_hands_the_loop_its_packs_only_above_pack_size_one(tmp_path, capsys,
     sweep_file, workdir, order = _sweep_with_states(tmp_path, "pack=2")
     handed = {}
     monkeypatch.setattr(RunLoop, "train", lambda self, queue, desc: handed.setdefault("train", queue) and None)
-    # RunLoop.train_packs is the trainer side's (scaling/train.py); here only what it is handed is checked.
+    # RunLoop.train_packs is the trainer side's (scaling/run/train.py); here only what it is handed is checked.
     monkeypatch.setattr(RunLoop, "train_packs", lambda self, packs, desc: handed.setdefault("packs", packs) and None,
                         raising=False)
     assert launch.main(["run", str(sweep_file), "--workdir", str(workdir), "--no-progress", "--pack", str(pack)]) == 0

@@ -10,8 +10,10 @@ import json
 import pytest
 
 import tiny
-from scaling import budget, hardware, records
+from scaling import hardware
 from scaling.config import MeshConfig
+from scaling.model import budget
+from scaling.store import records
 from sweeps import launch, preflight, preflight_plan
 from sweeps.preflight import estimate_store, parallelism
 from sweeps.preflight import table as preflight_table

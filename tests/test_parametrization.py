@@ -10,10 +10,11 @@ import pytest
 
 import tiny
 from model_params import init_params
-from scaling import data, mesh as mesh_lib, optim as optim_lib, parametrization, program as program_lib
 from scaling.config import ModelConfig, OptimConfig, TrainConfig, _identity, config_id, override
-from scaling.model import Block, Transformer, attention_logit_scale
-from scaling.parametrization import Multipliers
+from scaling.data import pipeline as data
+from scaling.model import mesh as mesh_lib, optim as optim_lib, parametrization, program as program_lib
+from scaling.model.parametrization import Multipliers
+from scaling.model.transformer import Block, Transformer, attention_logit_scale
 
 
 def test_standard_keeps_every_run_id_and_the_others_get_new_ones():

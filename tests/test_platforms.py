@@ -45,7 +45,7 @@ def require_libtpu_on_a_cpu_machine():
 @pytest.mark.parametrize("command", [
     [sys.executable, "-m", "sweeps.launch", "hosts", "--check"],
     # a program of its own prepares the process as the command lines do (importing scaling does not)
-    [sys.executable, "-c", "from scaling.entry import prepare_process; prepare_process(); import scaling.model, jax; "
+    [sys.executable, "-c", "from scaling.entry import prepare_process; prepare_process(); import scaling.model.transformer, jax; "
                            "print(jax.numpy.ones(3).sum())"],
     # jax imported before the package: its config is updated, not only the environment
     [sys.executable, "-c", "import jax; from scaling.entry import prepare_process; prepare_process(); "

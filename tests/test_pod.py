@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 import helpers
-from scaling import mesh as mesh_lib
-from scaling import multihost, records, stopping
+from scaling import multihost
 from scaling.config import MeshConfig
+from scaling.model import mesh as mesh_lib
+from scaling.run import stopping
+from scaling.store import records
 from sweeps import spec
 
 SWEEP = '''"""Two tiny runs for the pod-wide test."""
@@ -40,7 +42,7 @@ def sweep():
 DRIVER = textwrap.dedent('''
     import json, os, sys
     from jax.experimental import multihost_utils
-    from scaling import stopping, train
+    from scaling.run import stopping, train
     from sweeps import launch
 
     report = {"trained": [], "loop_transfers": [], "checked_steps": []}

@@ -28,7 +28,7 @@ import yaml
 
 from gcs_emulator import checkpoint_steps, env_for, metric_steps
 from helpers import REPO
-from scaling import records
+from scaling.store import records
 from sweeps import launch
 from sweeps.preflight import estimate_store
 from sweeps.spec import load_sweep

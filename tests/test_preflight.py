@@ -15,9 +15,9 @@ import os
 
 import pytest
 
-from scaling import budget
 from scaling.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
 from scaling.hardware import GIB
+from scaling.model import budget
 from sweeps import launch, preflight
 from sweeps.preflight import command as command_lib, report as report_lib, topology as topology_lib
 from sweeps.spec import Sweep

@@ -48,7 +48,7 @@ def test_the_schedule_follows_optax():
     """``optim.learning_rate`` on traced step counts against optax's schedules with the counts as constants."""
     import optax
 
-    from scaling import optim
+    from scaling.model import optim
     from scaling.config import ModelConfig, OptimConfig
 
     model = ModelConfig(width=128)

@@ -1,6 +1,6 @@
 """The trainer and the TPU preflight build one program, and a run's record counts its real model.
 
-Both take ``scaling.program.build``'s data arguments from ``scaling.data.program_arguments``:
+Both take ``scaling.model.program.build``'s data arguments from ``scaling.data.pipeline.program_arguments``:
 a PARITY run trains with its two-logit loss, and the preflight must price that program, not the
 full-vocabulary one.
 """
@@ -10,10 +10,13 @@ import dataclasses
 import pytest
 
 import tiny
-from scaling import budget, data, program as program_lib, records, run_program, train
 from scaling.config import DataConfig, ModelConfig, TrainConfig
-from scaling.corpus import builtin_documents
-from scaling.tokenizer import train_bpe
+from scaling.data import pipeline as data
+from scaling.data.corpus import builtin_documents
+from scaling.data.tokenizer import train_bpe
+from scaling.model import budget, program as program_lib, run_program
+from scaling.run import train
+from scaling.store import records
 from sweeps import preflight
 
 CAUSAL = tiny.config()

@@ -1,4 +1,4 @@
-"""scaling.progress: a terminal gets tqdm, anything else tqdm-loggable's plain lines at most every `interval` seconds."""
+"""scaling.run.progress: a terminal gets tqdm, anything else tqdm-loggable's plain lines at most every `interval` seconds."""
 
 import datetime
 import io
@@ -7,7 +7,7 @@ import pytest
 import tqdm.std
 from tqdm_loggable import tqdm_logging as loggable
 
-from scaling import progress
+from scaling.run import progress
 
 
 class Terminal(io.StringIO):
@@ -111,7 +111,7 @@ def test_a_terminal_of_zero_columns_gets_plain_lines():
     import struct
     import termios
 
-    from scaling.progress import is_terminal
+    from scaling.run.progress import is_terminal
 
     leader, follower = pty.openpty()
     try:

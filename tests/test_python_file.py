@@ -3,7 +3,7 @@
 
 import pytest
 
-from scaling import python_file, train_cli
+from scaling import python_file, train as train_cli
 from scaling.config import TrainConfig
 from sweeps import spec
 

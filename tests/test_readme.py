@@ -175,7 +175,7 @@ def run_block(block: Block, clone: Path, env: dict) -> subprocess.CompletedProce
 
 def check_main_job(block: Block, clone: Path, env: dict) -> None:
     """What the main job promises: 6 finished runs, a rerun that trains nothing, figures, a clean tree."""
-    from scaling import records
+    from scaling.store import records
 
     run_command = next(c for c in block.commands() if " sweeps.launch run " in c)
     sweep_dir = clone / re.search(r"--workdir (\S+)", run_command).group(1) / "smoke"

@@ -9,8 +9,10 @@ import pytest
 import tiny
 from analysis.errors import AnalysisInputError
 from analysis.results import load_runs
-from scaling import lease as lease_lib, record_checks, records, train, train_cli
+from scaling import train as train_cli
 from scaling.config import to_dict
+from scaling.run import train
+from scaling.store import lease as lease_lib, record_checks, records
 from sweeps import launch
 
 PAIR = "depths=(1,), widths={1: (16, 32)}"  # L1-d16 and L1-d32

@@ -8,7 +8,7 @@ import pytest
 import helpers
 import tiny
 from helpers import REPO
-from scaling import records
+from scaling.store import records
 
 
 def _env() -> dict:
@@ -129,7 +129,7 @@ def test_find_records_lists_every_depth_in_the_callers_form(tmp_path, monkeypatc
 
 
 def test_records_import_without_jax():
-    code = "import sys, scaling.records, scaling.record_checks, scaling.lease; assert 'jax' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, scaling.store.records, scaling.store.record_checks, scaling.store.lease; assert 'jax' not in sys.modules, sorted(sys.modules)"
     helpers.run_python(code, env=_env(), check=True)
 
 

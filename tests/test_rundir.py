@@ -1,4 +1,4 @@
-"""Run directories (scaling/rundir.py): one that holds a finished run refuses another config; the commit
+"""Run directories (scaling/store/rundir.py): one that holds a finished run refuses another config; the commit
 a record is stamped with."""
 
 import json
@@ -21,7 +21,7 @@ def test_a_finished_run_dir_refuses_another_config(tmp_path, tiny_reference):
 
 
 def test_code_version_marks_modified_code_dirty_but_not_committed_results(tmp_path):
-    from scaling import rundir
+    from scaling.store import rundir
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

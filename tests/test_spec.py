@@ -91,7 +91,7 @@ def test_log_length_sweep_expands_to_the_documented_grid():
 
 @pytest.mark.parametrize("sweep_file", ["smoke.py", "cpu_mini.py", "paper.py"])
 def test_realised_sizes_are_within_rounding_of_their_budgets(sweep_file, monkeypatch):
-    from scaling import data
+    from scaling.data import pipeline as data
 
     def no_data(*_):
         raise AssertionError("expanding a sweep must not build the data pipeline")

@@ -20,8 +20,10 @@ import pytest
 
 import helpers
 import tiny
-from scaling import program as program_lib, records, train
-from scaling.stopping import PREEMPTED_EXIT_CODE, Stop
+from scaling.model import program as program_lib
+from scaling.run import train
+from scaling.run.stopping import PREEMPTED_EXIT_CODE, Stop
+from scaling.store import records
 from sweeps import launch
 
 
@@ -106,7 +108,7 @@ def test_ctrl_c_stops_like_sigterm_and_a_second_one_exits_at_once(tmp_path):
     # back reach Python's handler as one, so they are sent from inside, a moment apart.)
     code = textwrap.dedent("""
         import os, signal, time
-        from scaling.stopping import Stop
+        from scaling.run.stopping import Stop
         stop = Stop()
         with stop.listening():
             os.kill(os.getpid(), signal.SIGINT)

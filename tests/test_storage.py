@@ -1,4 +1,4 @@
-"""The one storage layer (scaling/storage.py): remote paths, atomic writes, listings and byte ranges,
+"""The one storage layer (scaling/store/storage.py): remote paths, atomic writes, listings and byte ranges,
 locally and against the Cloud Storage emulator."""
 
 import pathlib
@@ -6,7 +6,7 @@ import pathlib
 import pytest
 from etils import epath
 
-from scaling import storage
+from scaling.store import storage
 
 
 @pytest.mark.parametrize("path,remote", [("gs://bucket/sweeps/a", True), ("s3://bucket/key", True),

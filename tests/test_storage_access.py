@@ -1,5 +1,5 @@
 """An unusable gs:// bucket is one line naming the path and the likely cause, from the storage layer's
-probe (``scaling.storage.check_access``) and from every command that takes a gs:// path, not a minute
+probe (``scaling.store.storage.check_access``) and from every command that takes a gs:// path, not a minute
 of client retries and tracebacks; a reachable emulator bucket still works."""
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import helpers
 import tiny
 from analysis import __main__ as analysis_cli
 from gcs_emulator import emulator_env
-from scaling import data, data_cli, evaluate, generate, migrate_records, storage, train, train_cli
-from scaling.storage import StorageAccessError, check_access
+from scaling import migrate_records, train as train_cli
+from scaling.data import pipeline as data, __main__ as data_cli
+from scaling.run import evaluate, generate, train
+from scaling.store import storage
+from scaling.store.storage import StorageAccessError, check_access
 from sweeps import launch
 
 MISSING = "gs://nobucket-that-does-not-resolve/x"

@@ -15,8 +15,8 @@ import pytest
 
 import tiny
 from gcs_emulator import FaultProxy, checkpoint_steps, env_for, keys, metric_steps
-from scaling import lease, records
-from scaling.stopping import PREEMPTED_EXIT_CODE
+from scaling.run.stopping import PREEMPTED_EXIT_CODE
+from scaling.store import lease, records
 
 
 @pytest.fixture
@@ -57,8 +57,8 @@ def _paused_behind(proxy: FaultProxy, config, run_dir: str, tmp_path, pause_step
 
 def _written(run_dir: str, steps: list[int]) -> bool:
     """Whether the run's checkpoints are ``steps``, their writes done: periodic checkpoints are written
-    behind the loop (scaling/background_save.py), and a step's write ends after its commit, when its pending
-    folder (scaling/leased_commit.py) is removed."""
+    behind the loop (scaling/store/background_save.py), and a step's write ends after its commit, when its pending
+    folder (scaling/store/leased_commit.py) is removed."""
     return checkpoint_steps(run_dir) == steps and not any(key.startswith("checkpoints-pending/")
                                                          for key in keys(run_dir))
 
@@ -88,7 +88,7 @@ def test_storage_unreachable_for_a_few_seconds_mid_run_is_retried_not_fatal(gcs,
 
 def _hanging_checkpoints(proxy: FaultProxy, run_dir: str):
     """Make the proxy hold every request for the run's checkpoint objects (JSON API or upload), those being
-    written in the holder's pending folder (checkpoints-pending/, scaling/leased_commit.py) included."""
+    written in the holder's pending folder (checkpoints-pending/, scaling/store/leased_commit.py) included."""
     bucket, _, prefix = run_dir[len("gs://"):].partition("/")
     marker = f"{prefix}/checkpoints"
 
@@ -172,7 +172,7 @@ def test_sigterm_while_storage_is_unreachable_ends_within_the_grace_period(gcs, 
 
 def _objects(run_dir: str) -> dict[str, str]:
     """Object name (relative to ``run_dir``) -> generation, of everything in the run but the holders' own
-    pending folders (scaling/leased_commit.py), listed afresh."""
+    pending folders (scaling/store/leased_commit.py), listed afresh."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(run_dir)

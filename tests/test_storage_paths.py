@@ -17,10 +17,12 @@ from etils import epath
 import tiny
 from analysis.results import load_runs
 from helpers import REPO
-from scaling import corpus, data, data_cli, records, token_cache, train
 from scaling.config import DataConfig
-from scaling.metrics_log import read_metrics
-from scaling.track import Tracker
+from scaling.data import corpus, pipeline as data, __main__ as data_cli, token_cache
+from scaling.run import train
+from scaling.run.track import Tracker
+from scaling.store import records
+from scaling.store.metrics_log import read_metrics
 from sweeps import launch, spec
 
 

@@ -6,7 +6,7 @@ the loop, the record), every run ends finished exactly once: one record, one
 metrics row per step, and the losses of a run never interrupted. Storage is
 slowed a little (a delay per request, ``FaultProxy.delay``) so that the
 launchers live long enough to be killed inside their runs, and checkpoint
-writes are in flight behind the loop (``scaling/background_save.py``).
+writes are in flight behind the loop (``scaling/store/background_save.py``).
 """
 
 import os
@@ -20,8 +20,8 @@ import pytest
 
 import tiny
 from gcs_emulator import FaultProxy, checkpoint_steps, env_for, keys, metric_steps
-from scaling import records
-from scaling.metrics_log import read_metrics
+from scaling.store import records
+from scaling.store.metrics_log import read_metrics
 from sweeps import launch
 
 GRID = "depths=(1, 2), widths={1: (16, 32), 2: (16,)}"

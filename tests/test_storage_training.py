@@ -22,8 +22,9 @@ from etils import epath
 import helpers
 import tiny
 from gcs_emulator import checkpoint_steps, env_for, keys, metric_steps
-from scaling import data, data_cli, records, storage, token_cache
 from scaling.config import DataConfig
+from scaling.data import pipeline as data, __main__ as data_cli, token_cache
+from scaling.store import records, storage
 from sweeps import launch
 
 
@@ -169,7 +170,8 @@ def test_two_launchers_on_one_gs_workdir_train_each_run_once(gcs, gcs_emulator, 
 
 POD_DRIVER = '''
 import os, sys
-from scaling import checkpoints, train_cli as train
+from scaling import train
+from scaling.store import checkpoints
 
 # "PROCESS:STEP": what that process read of that step is rejected (a transient error, seen by one host only)
 fail = os.environ.get("FAIL_RESTORE")

@@ -20,8 +20,8 @@ from tokenizers import models, pre_tokenizers
 import helpers
 from gcs_emulator import FaultProxy
 from helpers import REPO
-from scaling import corpus, data, data_cli, token_cache
 from scaling.config import DataConfig
+from scaling.data import corpus, pipeline as data, __main__ as data_cli, token_cache
 
 DOCS = [f"Document {i}: caf\u00e9 \u2014 {'word ' * (i % 7)}\u00fcber {i * i} \U0001f600 end." for i in range(60)]
 
@@ -218,7 +218,8 @@ def test_the_paper_sweep_and_the_pods_page_cache_the_corpus_the_sweep_trains_on(
 
 
 def test_the_token_cache_fetches_a_steps_rows_in_a_few_requests(gcs, gcs_emulator, tmp_path, monkeypatch):
-    from scaling import data, storage
+    from scaling.data import pipeline as data
+    from scaling.store import storage
 
     proxy = FaultProxy(gcs_emulator.url)  # counts the requests that reach the storage
     try:

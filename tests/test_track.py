@@ -8,7 +8,7 @@ import numpy as np
 from etils import epath
 
 import tiny
-from scaling.metrics_log import read_metrics
+from scaling.store.metrics_log import read_metrics
 
 
 def _wandb_records(path: Path):
@@ -71,7 +71,7 @@ def test_an_offline_wandb_run_of_a_gs_run_is_kept_in_the_bucket_beside_its_recor
 
 def test_each_run_of_a_pack_has_its_own_offline_wandb_run_with_its_losses(tmp_path):
     # The runs of a pack are open at once in one process: each its own wandb run (reinit="create_new").
-    from scaling import train as pack_train
+    from scaling.run import train as pack_train
 
     configs = [tiny.config(seed=seed, name=f"s{seed}", log_every=2, wandb_mode="offline") for seed in (0, 1)]
     outcomes = pack_train.run_pack(configs, [tmp_path / "a", tmp_path / "b"], devices=tiny.one_device(),
@@ -89,7 +89,7 @@ def test_each_run_of_a_pack_has_its_own_offline_wandb_run_with_its_losses(tmp_pa
 def test_the_progress_bar_clock_starts_after_compilation(tmp_path, capsys):
     import time
 
-    from scaling.track import Tracker
+    from scaling.run.track import Tracker
 
     tracker = Tracker(tmp_path, total_steps=100, start_step=40, config={}, name="eta", mode="disabled",
                       show_progress=True, keep_until_step=40)
@@ -106,7 +106,7 @@ def test_the_progress_bar_clock_starts_after_compilation(tmp_path, capsys):
 
 
 def test_a_resumed_tracker_merges_into_the_restored_step(tmp_path):
-    from scaling.track import Tracker
+    from scaling.run.track import Tracker
 
     rows = [{"step": s, "loss": 5.0 - s / 10} for s in range(0, 35, 5)]  # a segment that reached step 30
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3')
@@ -124,7 +124,7 @@ def test_a_resumed_tracker_merges_into_the_restored_step(tmp_path):
 def test_a_resume_killed_before_its_first_write_loses_no_row(tmp_path):
     # The resumed segment holds step 20's row to merge into it; killed before writing it (a SIGKILL while
     # compiling), the next resume must still find that row on disk.
-    from scaling.track import Tracker
+    from scaling.run.track import Tracker
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5.0 - s / 10}) + "\n"
                                                     for s in range(0, 35, 5)))
@@ -139,7 +139,7 @@ def test_a_resume_killed_before_its_first_write_loses_no_row(tmp_path):
 
 def test_every_wandb_run_opens_one_way(tmp_path):
     # The trainer's runs and the launcher's sweep run: resumable under our id, files beside the run.
-    from scaling.track import open_wandb_run
+    from scaling.run.track import open_wandb_run
 
     assert open_wandb_run(tmp_path, mode="disabled", project="p", id="abc123") is None
     run = open_wandb_run(tmp_path, mode="offline", project="p", group="g", name="n", id="abc123", config={"a": 1})

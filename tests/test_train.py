@@ -11,8 +11,10 @@ import pytest
 
 import helpers
 import tiny
-from scaling import records, train, train_cli
+from scaling import train as train_cli
 from scaling.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, TrainConfig, to_dict
+from scaling.run import train
+from scaling.store import records
 
 
 def test_eval_loss_falls_by_a_third(tmp_path):
@@ -82,7 +84,7 @@ def test_rerun_of_a_finished_run_does_nothing(tmp_path, tiny_reference):
 ])
 def test_bad_config_fails_before_compiling(tmp_path, eight_devices, changes, field, monkeypatch):
     compiled = []
-    from scaling import program as program_lib
+    from scaling.model import program as program_lib
     monkeypatch.setattr(program_lib, "build", lambda *a, **k: compiled.append(1))
     devices = eight_devices[:4]
     with pytest.raises(ValueError, match=field):

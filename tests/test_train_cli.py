@@ -1,12 +1,12 @@
-"""The trainer's command line before training starts (scaling/train_cli.py): input it cannot use is one
+"""The trainer's command line before training starts (scaling/train.py): input it cannot use is one
 line and exit 2, at once."""
 
 import huggingface_hub.constants
 import pytest
 
-from scaling import train_cli
+from scaling import train as train_cli
 from scaling.config import DataConfig
-from scaling.corpus import check_hub_reachable
+from scaling.data.corpus import check_hub_reachable
 
 HUB = ["--set", "data.source=hub", "--set", "data.hub_name=wikitext", "--set", "data.hub_config=wikitext-2-raw-v1"]
 
@@ -76,8 +76,8 @@ def test_a_finished_run_ends_with_a_sentence_or_with_json(tiny_reference, tmp_pa
 
 
 def test_a_stopped_run_says_how_to_resume(tmp_path, capsys, monkeypatch):
-    from scaling import train
-    from scaling.stopping import Preempted
+    from scaling.run import train
+    from scaling.run.stopping import Preempted
 
     monkeypatch.setenv("SCALING_MALLOC_TUNING", "0")
 

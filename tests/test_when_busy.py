@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import tiny
-from scaling import train
-from scaling.stopping import PREEMPTED_EXIT_CODE
+from scaling.run import train
+from scaling.run.stopping import PREEMPTED_EXIT_CODE
 from sweeps import busy, launch, spec, state
 from test_launch import write_record
 
@@ -120,7 +120,7 @@ def test_a_signal_while_waiting_stops_with_75(tmp_path, capsys, monkeypatch):
 def _refuse_training_after_the_lease(real):
     """``train.run`` that may only find the run busy: training it here would be a test failure."""
     def run(*args, **kwargs):
-        from scaling import lease
+        from scaling.store import lease
 
         try:
             real(*args, **kwargs)

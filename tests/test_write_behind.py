@@ -1,10 +1,10 @@
-"""Writes behind the training loop (scaling/write_behind.py): in order, failures raised later, waits bounded."""
+"""Writes behind the training loop (scaling/store/write_behind.py): in order, failures raised later, waits bounded."""
 
 import threading
 
 import pytest
 
-from scaling.write_behind import WriteBehind, WriteFailed
+from scaling.store.write_behind import WriteBehind, WriteFailed
 
 
 def test_writes_run_in_order_and_wait_returns_when_all_are_done():

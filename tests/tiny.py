@@ -24,9 +24,9 @@ import jax
 
 import helpers
 from helpers import REPO
-from scaling import train
 from scaling.config import DataConfig, ModelConfig, OptimConfig, TrainConfig, to_dict
-from scaling.metrics_log import read_metrics
+from scaling.run import train
+from scaling.store.metrics_log import read_metrics
 
 PAUSE = Path(__file__).resolve().parent / "pause.py"
 

@@ -32,9 +32,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scaling import data, mesh as mesh_lib, program as program_lib, train
-from scaling.checkpoints import Checkpoints
 from scaling.config import TrainConfig, from_dict
+from scaling.data import pipeline as data
+from scaling.model import mesh as mesh_lib, program as program_lib
+from scaling.run import train
+from scaling.store.checkpoints import Checkpoints
 
 
 CONDITIONS = ("as trained", "untrained positions zeroed", "at training length")

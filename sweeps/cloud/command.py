@@ -64,7 +64,7 @@ from sweeps.cloud.tasks import (build_task, check_shares, describe, first_line, 
 def preflight_line(workdir: str, sweep_name: str, runs: list) -> str:
     """Whether the hosts will find the preflight's estimates and choices with the sweep in the bucket (they
     never see the submitting machine's cache): ``estimate_store.Kept.describe``'s line, or why it is unknown."""
-    from scaling.storage import check_access
+    from scaling.store.storage import check_access
     from sweeps.preflight import estimate_store
 
     try:

@@ -68,7 +68,7 @@ def read_jobs(path) -> list[Submitted]:
 
 def write_jobs(path, jobs: list[Submitted]) -> None:
     """Replace the record with ``jobs`` in one write."""
-    from scaling.storage import write_atomic
+    from scaling.store.storage import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({"jobs": [dataclasses.asdict(job) for job in jobs]}, indent=2))
@@ -148,7 +148,7 @@ def unfinished(runs: list, workdir: str) -> list:
 
 def submit(sweep, args, accelerator: Accelerator, jobs: list[Job], tasks: list, runs: list) -> int:
     """Submit the jobs whose share has no live recorded job; record each one as soon as SkyPilot accepts it."""
-    from scaling.storage import check_access
+    from scaling.store.storage import check_access
 
     sky = import_sky()
     check_access(args.workdir)  # the record goes there: fail before submitting anything

@@ -19,10 +19,10 @@ import re
 import shlex
 from pathlib import Path
 
-from scaling.storage import is_remote
+from scaling.store.storage import is_remote
 from sweeps import hosts
-from sweeps.cloud import lockfile, regions
 from sweeps import spec as spec_lib
+from sweeps.cloud import lockfile, regions
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_PYTHON = "~/scaling-venv/bin/python"  # the hosts' Python: the venv the task files' setup makes
@@ -218,7 +218,7 @@ def bucket_location(workdir: str) -> tuple[str, str]:
     e.g. ("US-WEST4", "region") or ("US", "multi-region"). Needs credentials that may read the bucket."""
     from google.cloud import storage as gcs
 
-    from scaling.storage import check_access
+    from scaling.store.storage import check_access
 
     check_access(workdir)  # a one-line StorageAccessError instead of a minute of client retries
     bucket = gcs.Client().get_bucket(workdir[len("gs://"):].split("/", 1)[0])
@@ -292,7 +292,7 @@ def build_task(job: Job, environ=None):
     """``job`` as a ``sky.Task``: its task file parsed by SkyPilot, with the job's envs and resources, and the
     submitter's wandb key (``wandb_key``) as a SkyPilot secret: the hosts' wandb runs are then online, and the
     key is kept out of the job's envs, logs and dashboard (without one they are offline and kept in the bucket,
-    ``scaling.track.finish_wandb_run``)."""
+    ``scaling.run.track.finish_wandb_run``)."""
     sky = import_sky()
     import yaml  # a dependency of SkyPilot
 

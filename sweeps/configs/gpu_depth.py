@@ -25,7 +25,7 @@ placed it) on a √2 ladder of 5 sizes centred on each pair's crossing, as
 ``results/gpu_depth/stage2_sizes.json`` (``GPU_DEPTH_SIZES`` names another file).
 
 Training: byte-level causal LM on the Debian documentation corpus
-(``scaling.corpus_build``; ``data.cache_dir`` is set by ``gpu/run_stage.sh``),
+(``scaling.data.corpus_build``; ``data.cache_dir`` is set by ``gpu/run_stage.sh``),
 sequences of 512 tokens, batches of 32, each run 20 tokens per non-embedding
 parameter (``Sweep.tokens_per_param``), so both depths of a size see the same
 tokens in the same order for a seed. Pre-LN, ReLU, feed-forward 4·d, 16-channel
@@ -54,7 +54,7 @@ import numpy as np
 
 from scaling import hardware
 from scaling.config import ModelConfig, OptimConfig, TrainConfig
-from scaling.corpus_build import data_config
+from scaling.data.corpus_build import data_config
 from sweeps.spec import Sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

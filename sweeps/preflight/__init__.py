@@ -19,7 +19,8 @@ benchmarks and tests; everything else is the modules' own:
   both estimates, the cheapest that fits (``compare_modes``, ``choose_mode``), and the mesh the launcher
   trains a run with when its sweep says ``parallelism="auto"`` (``planned_mesh``);
 - ``advice``: how to make a run fit (``suggest``, ``cheapest_remat``);
-- ``compile_cache``: the compiler's answers kept on disk.
+- ``compile_cache``: the compiler's answers kept on disk;
+- ``calibration``: the preflight's estimate of each run against what it measured (``status``).
 
 It depends on ``scaling`` (the program, the mesh, ``scaling.hardware``'s
 chips) and on nothing of the launcher: what it needs from there (the runs,

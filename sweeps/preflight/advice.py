@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from scaling import mesh as mesh_lib
 from scaling.config import TrainConfig
 from scaling.hardware import GIB
+from scaling.model import mesh as mesh_lib
 
 FIT_FRACTION = 0.95  # of a chip's HBM a run may plan to use (see sweeps/preflight/report.py)
 REMAT_BY_COST = ("none", "dots", "full")  # least recomputation first

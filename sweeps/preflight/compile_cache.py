@@ -33,7 +33,7 @@ import json
 import os
 import types
 
-from scaling.storage import write_atomic
+from scaling.store.storage import write_atomic
 
 VARIABLE = "SCALING_PREFLIGHT_CACHE"
 MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",

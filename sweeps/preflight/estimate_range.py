@@ -10,7 +10,7 @@ For each compiled program the preflight gives (``sweeps.preflight``):
   (high None when the compiler gave none), and the MFU at each:
   ``mfu_low`` at the slow end, ``mfu_high`` at the fast end.
 
-MFU conventions. ``full`` is the trainer's (``scaling.flops``; "PaLM",
+MFU conventions. ``full`` is the trainer's (``scaling.model.flops``; "PaLM",
 appendix B): attention counted over the whole T×T square of scores.
 ``causal`` counts only the half a causal mask keeps, as papers that report
 causal-attention MFU often do; it is lower by 6·L·T·d FLOPs per token. Rows
@@ -25,11 +25,11 @@ from __future__ import annotations
 import statistics
 
 from scaling.config import TrainConfig
-from scaling.flops import training_flops_per_token
+from scaling.model.flops import training_flops_per_token
 from sweeps.preflight import compiler_estimate, roofline, roofline_corrections
 from sweeps.preflight.topology import CHIPS
 
-MFU_CONVENTIONS = {"full": "attention over the whole T x T score square, as the trainer's mfu (scaling/flops.py)",
+MFU_CONVENTIONS = {"full": "attention over the whole T x T score square, as the trainer's mfu (scaling/model/flops.py)",
                    "causal": "attention over the causal half of the square only (6·L·T·d FLOPs per token fewer)"}
 EMPTY_FIELDS = {"roofline_corrected_step_seconds": None, "corrections": None, "compiler_step_seconds": None,
                 "compiler_cycles_seconds": None, "compiler_ops_estimated": None, "compiler_ops_not_estimated": None,

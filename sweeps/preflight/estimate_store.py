@@ -19,7 +19,7 @@ them too (``parallelism``: the choice and each mode's figures); a sweep with ``p
 run in the mode chosen (``parallelism.planned_mesh``), and its record then holds that mode's estimate and name.
 
 With ``--workdir`` the preflight also keeps them **with the sweep**, in one file
-``<workdir>/<sweep>/preflight.json`` (local or ``gs://``, through ``scaling.storage``): run id -> slice ->
+``<workdir>/<sweep>/preflight.json`` (local or ``gs://``, through ``scaling.store.storage``): run id -> slice ->
 estimate, as above. ``run`` on every host of a cloud job, ``status`` and ``dry-run`` then read that file
 (``load``), so they all see the same estimates and choices; the cache on the machine that ran the preflight is
 only its copy, read where the work directory has no such file.
@@ -31,7 +31,7 @@ import datetime
 import json
 import os
 
-from scaling.storage import is_remote, read_text, write_atomic
+from scaling.store.storage import is_remote, read_text, write_atomic
 
 SUBDIRECTORY = "estimates"
 SWEEP_FILE = "preflight.json"  # <workdir>/<sweep>/preflight.json: the estimates kept with the sweep

@@ -2,11 +2,11 @@
 
 A Pallas kernel is one ``custom-call`` in compiled HLO (``tpu_custom_call``)
 whose cost the HLO cannot show: the compiler's cost analysis gives it none.
-The splash-attention kernels of ``scaling.attention`` are recognised by
+The splash-attention kernels of ``scaling.model.attention`` are recognised by
 their names (``splash_mha_fwd``, ``splash_mha_dq``, ``splash_mha_dkv``,
 with or without residuals or segments) and priced from their operands' shapes:
 
-- FLOPs: ``scaling.attention.attention_flops_per_call`` (the matmuls the
+- FLOPs: ``scaling.model.attention.attention_flops_per_call`` (the matmuls the
   kernel runs, causal blocks above the diagonal skipped);
 - HBM bytes: every operand and result once, plus the keys and values read
   again for every further block of queries that needs them.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import re
 
-from scaling import attention
 from scaling.config import ModelConfig
+from scaling.model import attention
 
 _SPLASH = re.compile(r"splash_mha_(fwd|dq|dkv)")
 FLOATS = ("bf16", "f32", "f16")  # the dtypes of q, k and v; block masks and segment ids are integers

@@ -7,11 +7,11 @@ A run can use the chips the preflight checks it on (``topology.checked_topology`
 - ``fsdp``: alone on every chip with parameters and optimizer state sharded too (``MeshConfig(data=1,
   fsdp=-1)``): each layer's weights gathered and its gradients scattered, every step;
 - ``packed``: one run per group of chips (one chip by default), as many runs of the same shape as there are
-  groups trained as one program (``scaling.packed``, its run axis over the groups, each group data-parallel
+  groups trained as one program (``scaling.model.packed``, its run axis over the groups, each group data-parallel
   within): no collective between the runs.
 
 Each mode's train step is compiled ahead of time for the slice (the packed one by
-``scaling.run_program.lower_train_step``) and priced as any preflight row is (``report.cost_fields``): by the
+``scaling.model.run_program.lower_train_step``) and priced as any preflight row is (``report.cost_fields``): by the
 corrected roofline and by the compiler's own cycle estimate. Modes compare in chip-time: a solo mode holds every
 chip for one run's step, a pack holds them for ``pack_size`` runs' steps, so a run's cost per step is the step's
 seconds divided by the runs it trains (``run_roofline_seconds``, ``run_compiler_seconds``): seconds per step as
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from scaling import mesh as mesh_lib, run_program
 from scaling.config import MeshConfig, TrainConfig
-from scaling.rundir import one_line
+from scaling.model import mesh as mesh_lib, run_program
+from scaling.store.rundir import one_line
 from sweeps.preflight import compile_cache, report
 from sweeps.preflight.topology import Topology, topology_devices
 

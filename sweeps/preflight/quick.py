@@ -40,9 +40,9 @@ import math
 
 import jax
 
-from scaling import budget
 from scaling.config import TrainConfig
-from scaling.flops import model_flops_utilization
+from scaling.model import budget
+from scaling.model.flops import model_flops_utilization
 from sweeps.preflight import estimate_range, layer_loop
 from sweeps.preflight.advice import FIT_FRACTION
 

@@ -8,11 +8,11 @@ Needs the TPU compiler: ``pip install -e ".[tpu]"`` (libtpu). No TPU is
 needed: libtpu describes any slice (``v5e:2x2``, ``v5e:16x16``, ``v4:2x2x4``,
 ``v5p:2x2x2``, ``v6e:4x4``, ...) as compile-only devices, and for each run we
 build its mesh on them and compile exactly the sharded train step the trainer
-runs (``scaling.run_program.lower_train_step``). Nothing is allocated and no data is read; the
+runs (``scaling.model.run_program.lower_train_step``). Nothing is allocated and no data is read; the
 model's vocabulary is ``config.model.vocab_size`` as given. The mesh is the
 one the run will get: on a multi-host slice, one host's 2x2 chips (the
 launcher's default, host-parallel), the whole slice with ``--pod-wide``.
-Runs of one program shape (``scaling.program.ProgramShape``: seeds and
+Runs of one program shape (``scaling.model.program.ProgramShape``: seeds and
 learning rates are arguments of the step, not part of it) compile once.
 
 What is reported per run, and where each number comes from:
@@ -39,7 +39,7 @@ What is reported per run, and where each number comes from:
   mesh axis, overlapped as the compiled schedule allows), with ``bound``
   naming what dominates: ``compute_seconds`` or ``memory_seconds`` (ops
   bound by FLOPs or by HBM bytes) or ``exposed_collective_seconds``.
-- ``estimated_mfu``: ``scaling.flops.model_flops_utilization``, the
+- ``estimated_mfu``: ``scaling.model.flops.model_flops_utilization``, the
   trainer's own MFU, at the estimated step time: model FLOPs, not compiled
   ones; ``mfu_upper_bound`` is the same with compiled FLOPs / peak as the
   step time (every op at peak, nothing else).
@@ -87,11 +87,11 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from scaling import budget, mesh as mesh_lib, program as program_lib, run_program
 from scaling.config import TrainConfig
-from scaling.flops import model_flops_utilization
 from scaling.hardware import GIB, Accelerator
-from scaling.rundir import one_line
+from scaling.model import budget, mesh as mesh_lib, program as program_lib, run_program
+from scaling.model.flops import model_flops_utilization
+from scaling.store.rundir import one_line
 from sweeps.preflight import compile_cache, estimate_range, kernels, layer_loop, roofline
 from sweeps.preflight.advice import FIT_FRACTION, Footprint, cheapest_remat, suggest
 from sweeps.preflight.topology import Topology, checked_topology, parse_topology, topology_devices

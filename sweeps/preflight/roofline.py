@@ -13,8 +13,8 @@ cost in the HLO; ``sweeps.preflight.kernels`` counts the attention kernels
 analytically and anything else it cannot price also makes the figures
 unknown (``kernels_uncounted``). ``bound`` names what the step spends most
 time on: compute-bound ops, memory-bound ops, or collectives the schedule
-leaves exposed. MFU is ``scaling.flops.model_flops_utilization``, the
-trainer's own definition: model FLOPs (``scaling.flops``), never the
+leaves exposed. MFU is ``scaling.model.flops.model_flops_utilization``, the
+trainer's own definition: model FLOPs (``scaling.model.flops``), never the
 compiled FLOPs, whose rematerialised forward passes are cost, not work.
 
 What the model leaves out, so the estimate leans optimistic: matmuls run at

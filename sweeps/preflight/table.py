@@ -92,7 +92,7 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
                 "for tile padding, a per-op floor, collective latency and attention's matrix-unit fill "
                 "(sweeps/preflight/roofline_corrections.py), and the compiler's own estimated_cycles at the chip's clock "
                 "(sweeps/preflight/compiler_estimate.py; ? where it gave none); MFU est from model FLOPs with attention's "
-                "full square (the trainer's, scaling/flops.py), MFU causal with its causal half; MFU max: every op "
+                "full square (the trainer's, scaling/model/flops.py), MFU causal with its causal half; MFU max: every op "
                 "at peak")
     if any(row.get("parallelism") for row in rows):
         text.append("parallelism: the cheapest mode that fits among data (parameters replicated), fsdp (sharded) and "

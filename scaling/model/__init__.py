@@ -1,0 +1,1 @@
+"""The model and its compiled step: transformer, loss, parametrization, optimizer, mesh."""

@@ -1,0 +1,1 @@
+"""What a run leaves behind, written safely: storage, checkpoints, leases, records, metrics."""
