@@ -231,13 +231,14 @@ def cmd_plot(args) -> int:
     from analysis import plots  # matplotlib only when drawing
     from analysis.summary import Outcome
 
-    plots.check_output_directory(args.out)
+    plots.check_output_directory(args.out, args.source)
     result = _analyse(args)
     fit = result.fit(args.estimate)
     reference = projection.resolve_fit(args.fit)
     budgets = projection.resolve_budgets(args.preset) if args.preset else ()
     paths = plots.write_sweep_figures(result.runs, list(result.transitions), fit, args.out, reference=reference,
                                       budgets=budgets, estimate=args.estimate, source=result.table.source)
+    plots.mark_source(args.out, args.source)
     notes = []
     if fit is None:
         why = result.message if result.outcome is not Outcome.FITTED else result.fit_messages[args.estimate]

@@ -25,6 +25,7 @@ backend (e.g. a notebook's inline one) is left alone.
 from __future__ import annotations
 
 import io
+import os
 import re
 
 import numpy as np
@@ -86,8 +87,13 @@ def _fit_label(fit: LogWidthFit) -> str:
     return f"{fit.name} (the paper's eq. 10)" if fit.name == "levine2020" else f"{fit.name} (your runs)"
 
 
-def check_output_directory(out_dir) -> None:
-    """Raise ``AnalysisInputError`` (one line) when ``out_dir`` or a folder above it is an existing file.
+SOURCE_FILE = "figures-source.txt"  # in a folder of sweep figures: the records they were drawn from
+
+
+def check_output_directory(out_dir, source=None) -> None:
+    """Raise ``AnalysisInputError`` (one line) when ``out_dir`` or a folder above it is an existing file, or
+    when ``out_dir`` holds the figures of records other than ``source`` (its ``SOURCE_FILE`` says whose):
+    figures of two sweeps would overwrite each other file by file.
 
     Checked before a sweep is analysed, so that a mistyped ``--out`` costs no
     analysis and names the path instead of the operating system's "File exists".
@@ -96,11 +102,27 @@ def check_output_directory(out_dir) -> None:
     if "://" in str(out_dir):
         return
     path = epath.Path(str(out_dir))
+    drawn_from = path / SOURCE_FILE
+    if source is not None and drawn_from.is_file() and drawn_from.read_text().strip() != _source_key(source):
+        raise AnalysisInputError(f"--out {out_dir} holds the figures of {drawn_from.read_text().strip()}; give "
+                                 f"another folder for those of {source} (or remove that one)")
     for candidate in (path, *path.parents):
         if candidate.exists() and not candidate.is_dir():
             where = "is" if candidate == path else f"lies under {candidate}, which is"
             raise AnalysisInputError(f"--out {out_dir} {where} a file, not a directory: give a directory "
                                      "for the PNG and PDF figures")
+
+
+def _source_key(source) -> str:
+    """How ``SOURCE_FILE`` names the records figures were drawn from: a local path made absolute."""
+    text = str(source).rstrip("/")
+    return text if "://" in text else os.path.abspath(text)
+
+
+def mark_source(out_dir, source) -> None:
+    """Write ``out_dir``'s ``SOURCE_FILE``: the figures in it were drawn from ``source``'s records."""
+    if "://" not in str(out_dir):
+        (epath.Path(str(out_dir)) / SOURCE_FILE).write_text(_source_key(source) + "\n")
 
 
 def save_figure(fig, out_dir, stem: str) -> list[epath.Path]:

@@ -182,6 +182,17 @@ def test_plot_writes_png_and_pdf(capsys, sweep_csv, tmp_path):
         assert (out_dir / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
 
 
+def test_plot_does_not_overwrite_another_sweeps_figures(capsys, sweep_csv, tmp_path):
+    out_dir = tmp_path / "figures"
+    run_json(capsys, "plot", str(sweep_csv), "--out", str(out_dir), "--json", "--bootstrap", "20")
+    other = tmp_path / "other.csv"
+    other.write_bytes(Path(sweep_csv).read_bytes())
+    assert main(["plot", str(other), "--out", str(out_dir), "--bootstrap", "20"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds the figures of" in err and str(sweep_csv) in err
+    run_json(capsys, "plot", str(sweep_csv), "--out", str(out_dir), "--json", "--bootstrap", "20")  # its own: redrawn
+
+
 def test_fit_from_a_sweep_directory(tmp_path, capsys):
     runs = synthetic_runs(depths=(2, 4, 6), seeds=2, rng=5)
     for index, row in runs.iterrows():
