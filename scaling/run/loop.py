@@ -91,16 +91,20 @@ class Evaluation:
         self.name, self.data = name, data
         self.batches = None
 
+    def batches_for(self, training: "Training") -> list:
+        """The validation batches this evaluation reads (this process's rows), made once."""
+        if self.batches is None:
+            pipeline = training.pipeline if self.data is None else data_lib.build(self.data)
+            self.batches = pipeline.validation_batches(training.config.batch_size, training.config.eval_batches,
+                                                       jax.process_index(), jax.process_count())
+        return self.batches
+
     def key(self, metric: str) -> str:
         return metric if not self.name else f"{self.name}/{metric}"
 
     def __call__(self, info: StepInfo) -> None:
         training = info.training
-        if self.batches is None:
-            pipeline = training.pipeline if self.data is None else data_lib.build(self.data)
-            self.batches = pipeline.validation_batches(training.config.batch_size, training.config.eval_batches,
-                                                       jax.process_index(), jax.process_count())
-        results = training.program.evaluate(info.params(), self.batches, training.config.batch_size)
+        results = training.program.evaluate(info.params(), self.batches_for(training), training.config.batch_size)
         for member in info.members:
             result = results[member.index]
             row = {self.key("eval_loss"): result["loss"]}
@@ -207,11 +211,7 @@ class Training:
 
     def _validation(self) -> list:
         """The runs' own validation batches (the built-in evaluation's)."""
-        evaluation = self.hooks[0].function
-        if evaluation.batches is None:
-            evaluation.batches = self.pipeline.validation_batches(self.config.batch_size, self.config.eval_batches,
-                                                                  jax.process_index(), jax.process_count())
-        return evaluation.batches
+        return self.hooks[0].function.batches_for(self)
 
     def steps(self) -> int | None:
         """Train to the last step, with the work between steps (see the module) after each other step.
