@@ -13,6 +13,14 @@ built twice in one process, with the XLA attention's causal query blocks
 [T, T] square, as before), timed alternately, 2 steps at a time, medians.
 One process and alternating rounds keep the machine's drift out of the ratio.
 
+``--part weight-grad``: the same side-by-side build for the dense layers'
+weight gradient (``scaling.model.cpu_matmul``): ``xᵀ`` written out before
+``xᵀ @ dy`` (today's CPU step) against the product XLA:CPU forms with a
+transposed operand (the step before). It also trains both 50 steps from the
+same state and batch (a random batch it memorises: the loss falls towards 0)
+and prints the largest absolute difference of their losses. First it times
+the weight-gradient products alone, folded and written out, beside torch.
+
 ``--part composition``: where, between one layer and the whole step, the
 gap to the peer opens. In one process, alternating, for ours and for
 nanoGPT (needs ``--peer``): the forward and backward pass of one layer alone
@@ -25,6 +33,7 @@ embedding and loss. Each row gives ms and the peer's time over ours (above
 
     python benchmarks/step_changes.py --part matmuls --width 256
     python benchmarks/step_changes.py --part causal-blocks --configs 2x64 4x128 4x256 --rounds 20
+    python benchmarks/step_changes.py --part weight-grad --configs 2x64 4x128 4x256 --rounds 20
     python benchmarks/step_changes.py --part composition --configs 4x256 --peer /path/to/nanoGPT/model.py
 """
 
@@ -103,6 +112,69 @@ def causal_blocks(depth: int, width: int, rounds: int) -> dict:
             "square_ms": square, "blocked_ms": blocked, "speedup": square / blocked}
 
 
+def weight_grad_products(width: int, repeats: int) -> list[dict]:
+    """ms of the dense layers' weight gradients ``xᵀ @ dy`` at ``width``: as autodiff hands them to XLA:CPU
+    (the transpose folded into the product), with ``xᵀ`` written out first, and ``torch.mm``, alternating."""
+    import jax
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(throughput.THREADS)
+    tokens = throughput.BATCH * throughput.SEQ_LEN
+    folded = jax.jit(lambda x, dy: x.T @ dy)
+    written_out = jax.jit(lambda x, dy: jax.lax.optimization_barrier(x.T) @ dy)
+    rng = np.random.default_rng(0)
+    rows = []
+    for inner, outer, what in ((width, 4 * width, "feed-forward in"), (4 * width, width, "feed-forward out"),
+                               (width, width, "q, k, v or output projection")):
+        x, dy = rng.standard_normal((tokens, inner), np.float32), rng.standard_normal((tokens, outer), np.float32)
+        torch_x, torch_dy = torch.from_numpy(x), torch.from_numpy(dy)
+        folded(x, dy).block_until_ready(), written_out(x, dy).block_until_ready()
+        times = {"folded": [], "written_out": [], "torch": []}
+        for _ in range(repeats):
+            times["folded"] += _times_ms(lambda: folded(x, dy).block_until_ready(), 1)
+            times["written_out"] += _times_ms(lambda: written_out(x, dy).block_until_ready(), 1)
+            times["torch"] += _times_ms(lambda: torch_x.t() @ torch_dy, 1)
+        row = {key: statistics.median(value) for key, value in times.items()}
+        rows.append({"shape": f"[{tokens},{inner}]T @ [{tokens},{outer}]", "what": what, **row})
+    return rows
+
+
+def weight_grad(depth: int, width: int, rounds: int, loss_steps: int = 50) -> dict:
+    """Median ms per train step with the written-out weight-gradient transpose and without, built and timed
+    in turn, and the largest absolute difference of their losses over ``loss_steps`` steps."""
+    import numpy as np
+
+    from scaling.model import cpu_matmul
+    from scaling.model import program as program_lib
+
+    built = {}
+    setting = cpu_matmul.TRANSPOSED_WEIGHT_GRAD_ON_CPU
+    try:
+        for label, transposed in (("plain", False), ("transposed", True)):
+            cpu_matmul.TRANSPOSED_WEIGHT_GRAD_ON_CPU = transposed
+            program_lib.forget_programs()  # a fresh trace: the switch is read while tracing
+            built[label] = throughput.Ours(depth, width, scan_layers=depth > throughput.UNROLL_UP_TO_DEPTH)
+    finally:
+        cpu_matmul.TRANSPOSED_WEIGHT_GRAD_ON_CPU = setting
+    times = {label: [] for label in built}
+    for _ in range(rounds):
+        for label, ours in built.items():
+            times[label].append(ours.run(2) / 2 * 1e3)
+    losses = {label: [] for label in built}
+    for label, ours in built.items():
+        state = ours.fresh_state()
+        for _ in range(loss_steps):
+            state, metrics = ours.step(state, ours.batch, ours.hparams)
+            losses[label].append(float(metrics["loss"]))
+    plain, transposed = np.array(losses["plain"]), np.array(losses["transposed"])
+    plain_ms, transposed_ms = statistics.median(times["plain"]), statistics.median(times["transposed"])
+    return {"config": f"{depth}x{width}", "plain_ms": plain_ms, "transposed_ms": transposed_ms,
+            "speedup": plain_ms / transposed_ms,
+            "loss_max_abs_diff": float(np.max(np.abs(transposed - plain))), "last_loss": float(plain[-1]),
+            "loss_steps": loss_steps}
+
+
 def composition(depth: int, width: int, peer_path: str, rounds: int) -> list[dict]:
     """ms of one layer, ``depth`` chained layers (ours only), the model's gradients and the train step,
     ours and the peer's, timed alternately in this process (medians of ``rounds``)."""
@@ -179,11 +251,11 @@ def composition(depth: int, width: int, peer_path: str, rounds: int) -> list[dic
 
 def main() -> None:
     parser = cli.doc_parser(__doc__)
-    parser.add_argument("--part", choices=("matmuls", "causal-blocks", "composition"), required=True,
+    parser.add_argument("--part", choices=("matmuls", "causal-blocks", "weight-grad", "composition"), required=True,
                         help="which measurement (see above)")
-    parser.add_argument("--width", type=int, default=256, help="model width for --part matmuls (default: 256)")
+    parser.add_argument("--width", type=int, default=256, help="model width for --part matmuls and weight-grad's products (default: 256)")
     parser.add_argument("--configs", nargs="+", default=["2x64", "4x128", "4x256"], metavar="LxD",
-                        help="depth x width pairs for --part causal-blocks and composition (default: %(default)s)")
+                        help="depth x width pairs for the parts that build steps (default: %(default)s)")
     parser.add_argument("--peer", default=os.environ.get("NANOGPT_MODEL"),
                         help="nanoGPT's model.py, for --part composition (default: $NANOGPT_MODEL)")
     parser.add_argument("--rounds", type=int, default=20, help="alternating rounds (default: 20)")
@@ -213,6 +285,17 @@ def main() -> None:
                 peer_ms = "" if row["peer_ms"] is None else f"{row['peer_ms']:.1f}"
                 ratio = "" if row["peer_over_ours"] is None else f"{row['peer_over_ours']:.3f}"
                 print(f"{row['config']:>7} {row['what']:>20} {row['ours_ms']:>8.1f} {peer_ms:>8} {ratio:>9}")
+        return
+    if args.part == "weight-grad":
+        print(f"{'weight gradient':>24} {'of':>30} {'folded ms':>9} {'written out ms':>14} {'torch ms':>8}")
+        for row in weight_grad_products(args.width, args.rounds):
+            print(f"{row['shape']:>24} {row['what']:>30} {row['folded']:>9.2f} {row['written_out']:>14.2f} "
+                  f"{row['torch']:>8.2f}")
+        print(f"{'L x d':>7} {'plain ms':>8} {'transposed ms':>13} {'speedup':>7} {'max |loss diff|':>15} {'last loss':>9}")
+        for depth, width in configs:
+            row = weight_grad(depth, width, args.rounds)
+            print(f"{row['config']:>7} {row['plain_ms']:>8.1f} {row['transposed_ms']:>13.1f} {row['speedup']:>7.3f} "
+                  f"{row['loss_max_abs_diff']:>15.2e} {row['last_loss']:>9.4f}")
         return
     print(f"{'L x d':>7} {'blocks':>6} {'square ms':>9} {'blocked ms':>10} {'speedup':>7}")
     for depth, width in configs:

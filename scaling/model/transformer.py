@@ -50,7 +50,8 @@ import jax
 import jax.numpy as jnp
 
 from scaling.config import ModelConfig
-from scaling.model.attention import attention
+from scaling.model.attention import attention, platform
+from scaling.model.cpu_matmul import dot_general_for
 from scaling.model.mesh import constrain
 from scaling.model.parametrization import Multipliers
 
@@ -214,6 +215,7 @@ class SelfAttention(nn.Module):
             use_bias=cfg.use_bias,
             dtype=_DTYPES[cfg.compute_dtype],
             param_dtype=_DTYPES[cfg.param_dtype],
+            dot_general=dot_general_for(platform()),
         )
         heads, head_dim = cfg.heads, cfg.attention_head_dim
         qkv_axes = ("embed", "heads", "kv")
@@ -253,7 +255,7 @@ class FeedForward(nn.Module):
     def __call__(self, x):
         cfg = self.config
         dense = functools.partial(nn.Dense, use_bias=cfg.use_bias, dtype=_DTYPES[cfg.compute_dtype],
-                                  param_dtype=_DTYPES[cfg.param_dtype])
+                                  param_dtype=_DTYPES[cfg.param_dtype], dot_general=dot_general_for(platform()))
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])  # 2-D matmuls, as in SelfAttention
         def expand(name):
