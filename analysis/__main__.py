@@ -9,6 +9,7 @@
     python -m analysis curves runs/my_sweep --out figures/curves --by width
     python -m analysis log-length results/log_length --figure accuracy.png
     python -m analysis hp-transfer results/hp_transfer --figure loss_vs_lr.png
+    python -m analysis hp-transfer2 results/hp_transfer2 --figure loss_vs_lr.png
     python -m analysis synthetic --out sweep.csv
 
 The same commands are installed as depth-width-analysis.
@@ -342,6 +343,25 @@ def cmd_hp_transfer(args) -> int:
     return 0
 
 
+def cmd_hp_transfer2(args) -> int:
+    """The second transfer experiment (results/hp_transfer2/README.md): base tuning, the best rate per shape
+    from a parabola over seeds with a bootstrap interval, the drift of the best rate along width and depth,
+    and the pre-registered criterion; --decisions prints what the sweep runs next."""
+    from analysis import hp_transfer2
+
+    if args.decisions:
+        print(json.dumps(hp_transfer2.decisions(args.directory), indent=2))
+        return 0
+    result = hp_transfer2.outcome(args.directory)
+    print(json.dumps(result, indent=2) if args.json else hp_transfer2.markdown(result))
+    if args.figure:
+        from analysis import hp_transfer2_plot
+
+        hp_transfer2_plot.figure(hp_transfer2.runs(args.directory), result, args.figure)
+        print(f"figure: {args.figure}", file=sys.stderr)
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 # The options of the commands that read a sweep (fit, plot): (flags, add_argument's keywords).
 SWEEP_OPTIONS = (
@@ -459,6 +479,15 @@ def build_parser() -> argparse.ArgumentParser:
     transfer.add_argument("--base-depth", type=cli.positive_int, default=2, help="depth of the width axis (2)")
     transfer.add_argument("--json", action="store_true", help="JSON instead of markdown tables")
     transfer.add_argument("--figure", metavar="PATH", help="also draw loss against peak rate (PNG/PDF)")
+
+    transfer2 = _command(commands, "hp-transfer2", cmd_hp_transfer2,
+                         help="second transfer experiment: best rate per shape with intervals, drift, criterion")
+    transfer2.add_argument("directory", help="sweep directory, e.g. results/hp_transfer2")
+    output = transfer2.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="JSON instead of markdown tables")
+    output.add_argument("--decisions", action="store_true",
+                        help="print the next stage's decisions (base settings, grid extensions) as JSON")
+    transfer2.add_argument("--figure", metavar="PATH", help="also draw loss against rate per shape (PNG/PDF)")
     return parser
 
 

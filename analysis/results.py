@@ -122,12 +122,15 @@ def open_source(source, missing: str = "no such file or directory") -> tuple[epa
     return path, is_dir
 
 
-def load_runs(source, fingerprint: str | None = None, steps: int | None = None) -> RunTable:
+def load_runs(source, fingerprint: str | None = None, steps: int | None = None, told_apart_by=None) -> RunTable:
     """Load a sweep directory or a CSV file into a ``RunTable``.
 
     ``fingerprint`` selects the runs of one data fingerprint (a prefix is
     enough), ``steps`` the runs of one planned step count, when the input
-    holds several. Raises ``AnalysisInputError`` with a one-line reason for
+    holds several. ``told_apart_by`` (run name -> label), for a sweep whose
+    variants differ in a setting at one shape and rate: runs of different
+    labels are not refused as hidden differences (the caller keeps them
+    apart). Raises ``AnalysisInputError`` with a one-line reason for
     anything unusable.
     """
     path, is_dir = open_source(source)
@@ -135,7 +138,7 @@ def load_runs(source, fingerprint: str | None = None, steps: int | None = None) 
         found, skipped, unfinished, notes = _read_sweep_dir(path, str(source))
     else:
         found, skipped, unfinished, notes = _load_csv(path, str(source)), {}, None, []
-    return select(found, str(source), fingerprint, steps, skipped, unfinished, notes)
+    return select(found, str(source), fingerprint, steps, skipped, unfinished, notes, told_apart_by)
 
 
 def table_from_records(records, source: str = "records", fingerprint: str | None = None,
@@ -371,7 +374,8 @@ def _collapse_repeated_rows(frame: pd.DataFrame, path: str) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- selection
-def select(frame: pd.DataFrame, source: str, fingerprint, steps, skipped, unfinished, notes) -> RunTable:
+def select(frame: pd.DataFrame, source: str, fingerprint, steps, skipped, unfinished, notes,
+           told_apart_by=None) -> RunTable:
     """Keep the runs of one data fingerprint and one step count; refuse to mix them otherwise."""
     skipped = collections.Counter(skipped)
     notes = list(notes)
@@ -389,7 +393,7 @@ def select(frame: pd.DataFrame, source: str, fingerprint, steps, skipped, unfini
         notes.append(f"{source}: every run planned for {per_param:.3g} training tokens per parameter, so step "
                      f"counts grow with size ({frame['steps'].min():.0f} to {frame['steps'].max():.0f}); "
                      "analysed as one design")
-    _refuse_hidden_differences(frame, source)
+    _refuse_hidden_differences(frame, source, told_apart_by)
     runs = frame[list(RUN_COLUMNS)].sort_values(["depth", "params", "peak_lr", "seed"]).reset_index(drop=True)
     return RunTable(runs=runs, source=source, skipped=dict(skipped),
                     fingerprint=None if chosen_print in (None, "unknown") else chosen_print,
@@ -446,9 +450,11 @@ def _show(value) -> str:
     return str(value)
 
 
-def _refuse_hidden_differences(frame: pd.DataFrame, source: str) -> None:
-    """Runs at one shape and learning rate must share one point: otherwise another setting differs."""
-    groups = frame.groupby(["depth", "width", "lr_rule", frame["peak_lr"].fillna(-1.0)])["point"]
+def _refuse_hidden_differences(frame: pd.DataFrame, source: str, told_apart_by=None) -> None:
+    """Runs at one shape and learning rate must share one point: otherwise another setting differs
+    (unless ``told_apart_by`` gives their names different labels)."""
+    label = frame["name"].map(told_apart_by) if told_apart_by else pd.Series("", index=frame.index)
+    groups = frame.groupby(["depth", "width", "lr_rule", frame["peak_lr"].fillna(-1.0), label])["point"]
     for key, points in groups:
         if points.nunique() > 1:
             names = frame.loc[points.index, "name"].tolist()

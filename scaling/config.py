@@ -233,8 +233,8 @@ class OptimConfig:
       logits × base_width/width, attention logits 1/d_head (equal to 1/sqrt(d_head)
       at the base head size); embeddings, norms and biases keep theirs;
     - ``completep``: μP plus CompleteP's depth rules ("Don't be lazy: CompleteP
-      enables compute-efficient deep transformers", α = 1): every residual branch
-      × base_depth/depth, and the hidden weight decay and Adam epsilons it gives.
+      enables compute-efficient deep transformers", Table 1): every residual branch
+      × (base_depth/depth)^depth_alpha, and the rates, weight decay and epsilons it gives.
     Both equal ``standard`` at ``width == base_width`` (and ``depth == base_depth``).
 
     ``lr_rule`` (under ``parametrization="standard"``; the others set per-tensor
@@ -258,14 +258,25 @@ class OptimConfig:
     weight_decay: NonNegativeFloat = 0.1
     beta1: Probability = 0.9
     beta2: Probability = 0.95
-    eps: float = 1e-8
+    eps: float = 1e-8  # base Adam epsilon (the CompleteP reference code's base is 1e-12)
     grad_clip: NonNegativeFloat = 1.0  # global-norm clip; 0 disables
+    # Where the references differ, or this project first departed from them, a named choice; each default
+    # is the first implementation's (results/hp_transfer). ``scaling.model.parametrization`` gives the reasons.
+    depth_alpha: Annotated[float, Field(ge=0.5, le=1)] = 1.0  # completep: branches × (depth/base_depth)^-α
+    eps_rule: Literal["first", "blocks", "all", "none"] = "first"  # where μP/CompleteP scale epsilon
+    mup_weight_decay: Literal["constant", "width"] = "constant"  # mup: hidden weight decay × width/base_width?
+    mup_out_init: Literal["gpt2", "base"] = "gpt2"  # mup: output projections' init std 1/sqrt(2·depth or base)
+    output_multiplier: PositiveFloat = 1.0  # base readout multiplier (mup, completep: × base_width/width)
+    zero_init_readout: bool = False  # "Tensor Programs V", section D.2: start the unembedding at zero
+    zero_init_query: bool = False  # ... and the attention's query projections
 
     def __post_init__(self):
         if self.parametrization != "standard":
             _require(self.lr_rule == "constant", "lr_rule",
                      f"'constant' with optim.parametrization={self.parametrization!r} (it sets per-tensor rates "
                      "itself)", self.lr_rule)
+        _require(self.depth_alpha == 1.0 or self.parametrization == "completep", "depth_alpha",
+                 "1.0 unless optim.parametrization='completep' (the others have no depth rule)", self.depth_alpha)
 
 
 # One rule maps a logical axis name of scaling.model.transformer to mesh axes: one, several,
@@ -343,6 +354,8 @@ class TrainConfig:
             _require(self.model.init_scheme == "normal", "model.init_scheme",
                      f"'normal' with optim.parametrization={self.optim.parametrization!r} (it scales the "
                      "initial weights itself)", self.model.init_scheme)
+        _require(not (self.optim.zero_init_readout and self.model.tie_embeddings), "optim.zero_init_readout",
+                 "False with model.tie_embeddings (it would zero the embedding too)", self.optim.zero_init_readout)
         if self.model.attention_impl == "flash":  # the splash kernel tiles sequences in blocks of 128
             _require(self.data.seq_len % 128 == 0, "data.seq_len",
                      "a multiple of 128 with model.attention_impl='flash' (or use 'xla')", self.data.seq_len)
@@ -464,7 +477,10 @@ _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "lo
 # existing default (add a field instead).
 _NEUTRAL_VALUES: dict[str, Any] = {"model.init_scheme": "normal", "data.synthetic_train_size": 0,
                                    "model.block": "gpt", "optim.parametrization": "standard",
-                                   "optim.base_depth": 2, "init_from": ""}
+                                   "optim.base_depth": 2, "init_from": "", "optim.depth_alpha": 1.0,
+                                   "optim.eps_rule": "first", "optim.mup_weight_decay": "constant",
+                                   "optim.mup_out_init": "gpt2", "optim.output_multiplier": 1.0,
+                                   "optim.zero_init_readout": False, "optim.zero_init_query": False}
 # Spellings of one model: hashed as the older name, so a config that names the same function
 # anew keeps the run id of the records trained before the new name existed.
 _SAME_AS: dict[str, dict[Any, Any]] = {"model.activation": {"gelu_tanh": "gelu"}}

@@ -123,12 +123,17 @@ class Variant:
     ``tag`` starts each run name (``first-n10-log_length-L2-d16-s0``);
     ``overrides`` are ``key=value`` strings as ``--set`` takes them (never a
     grid field); ``seeds``, when given, replace the sweep's seeds for this
-    variant (e.g. fewer seeds for a costlier task).
+    variant (e.g. fewer seeds for a costlier task); ``shapes``, when given,
+    are the (depth, width) pairs of the sweep's grid this variant runs at (the
+    others it skips); ``lr_grid``, when given, replaces the sweep's rates for
+    this variant (a grid centred on where this variant's optimum is expected).
     """
 
     tag: str
     overrides: tuple[str, ...] = ()
     seeds: tuple[int, ...] | None = None
+    shapes: tuple[tuple[int, int], ...] | None = None
+    lr_grid: tuple[float, ...] | None = None
 
     def __post_init__(self):
         if not isinstance(self.tag, str) or not _NAME_PATTERN.match(self.tag):
@@ -139,10 +144,22 @@ class Variant:
                 raise ValueError(f"variant {self.tag}: {assignment} sets a grid field ({', '.join(GRID_FIELDS)})")
         if self.seeds is not None:
             object.__setattr__(self, "seeds", _ints(self.seeds, f"variant {self.tag} seeds"))
+        if self.shapes is not None:
+            shapes = tuple(_ints(shape, f"variant {self.tag} shapes") for shape in self.shapes)
+            if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+                raise ValueError(f"variant {self.tag}: shapes={self.shapes!r} is invalid: allowed (depth, width) pairs")
+            object.__setattr__(self, "shapes", shapes)
+        if self.lr_grid is not None:
+            object.__setattr__(self, "lr_grid", _positive_floats(self.lr_grid, f"variant {self.tag} lr_grid"))
 
     def to_dict(self) -> dict:
-        return {"tag": self.tag, "overrides": list(self.overrides),
-                "seeds": None if self.seeds is None else list(self.seeds)}
+        described = {"tag": self.tag, "overrides": list(self.overrides),
+                     "seeds": None if self.seeds is None else list(self.seeds)}
+        if self.shapes is not None:  # only when used, so the digests of other sweeps stay as they were
+            described["shapes"] = [list(shape) for shape in self.shapes]
+        if self.lr_grid is not None:  # likewise
+            described["lr_grid"] = list(self.lr_grid)
+        return described
 
 
 class Skipped(NamedTuple):
@@ -294,6 +311,11 @@ class Sweep:
                 isinstance(self.data_parallel_state_bytes, int) and self.data_parallel_state_bytes >= 1):
             raise ValueError(f"data_parallel_state_bytes={self.data_parallel_state_bytes!r} is invalid: allowed an "
                              "integer >= 1 (bytes) or None")
+        grid = {(depth, width) for depth, width, _ in self._shapes()[0]}
+        for variant in self.variants:
+            if set(variant.shapes or ()) - grid:
+                raise ValueError(f"variant {variant.tag}: shapes {sorted(set(variant.shapes) - grid)} are not in the "
+                                 "sweep's grid of depths and widths")
         self.expand()  # every run's config validates now, not when it is reached
 
     def _grid(self, values, field: str, parse) -> tuple | dict:
@@ -330,8 +352,12 @@ class Sweep:
         runs = []
         for depth, width, point_budget in shapes:
             for variant in self.variants or (None,):
+                if variant is not None and variant.shapes is not None and (depth, width) not in variant.shapes:
+                    continue
                 seeds = self.seeds if variant is None or variant.seeds is None else variant.seeds
                 rates = self.lr_grid[depth] if isinstance(self.lr_grid, dict) else self.lr_grid
+                if variant is not None and variant.lr_grid is not None:
+                    rates = variant.lr_grid
                 for lr in rates or (None,):
                     for seed in seeds:
                         runs.append(self._run(depth, width, seed, lr, point_budget, variant))

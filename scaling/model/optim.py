@@ -52,18 +52,19 @@ def _decays(path) -> bool:
 
 def group_of(optim: OptimConfig, path) -> str:
     """The group (``scaling.model.parametrization.groups``) of the parameter at ``path``: ``hidden`` for the
-    attention and feed-forward matrices, ``block`` (CompleteP only) for the blocks' norms and biases,
-    ``other`` for the rest (embeddings, unembedding, final norm)."""
+    attention and feed-forward matrices, ``block`` (where ``groups`` has it) for the blocks' norms and
+    biases, ``other`` for the rest (embeddings, unembedding, final norm)."""
     if _is_hidden_kernel(path):
         return "hidden"
-    if optim.parametrization == "completep" and _in_block(path):
+    if "block" in parametrization.groups(optim) and _in_block(path):
         return "block"
     return "other"
 
 
 def learning_rates(optim: OptimConfig, model: ModelConfig) -> dict[str, float]:
-    """Peak learning rates per group: ``hidden`` matrices and ``other`` parameters (and ``block`` under
-    CompleteP), from ``optim.lr_rule`` under the standard parametrization, else from the parametrization."""
+    """Peak learning rates per group: ``hidden`` matrices and ``other`` parameters (and ``block`` where
+    ``parametrization.groups`` has it), from ``optim.lr_rule`` under the standard parametrization, else
+    from the parametrization."""
     if optim.parametrization != "standard":
         factors = parametrization.group_factors(optim, model)
         return {group: optim.peak_lr * factor.lr for group, factor in factors.items()}
@@ -98,8 +99,8 @@ def grouped(optim: OptimConfig, model: ModelConfig) -> bool:
 
 def hyperparameters(optim: OptimConfig, model: ModelConfig, total_steps: int) -> dict[str, np.ndarray]:
     """The optimizer's numbers as scalars for the compiled step: per group G (``hidden``, ``other``, and
-    ``block`` under CompleteP) its peak rate ``lr_G``, weight decay ``weight_decay_G`` and Adam epsilon
-    ``eps_G``; ``warmup_steps`` and ``decay_steps`` (steps) and ``end_lr_fraction``.
+    ``block`` where ``parametrization.groups`` has it) its peak rate ``lr_G``, weight decay
+    ``weight_decay_G`` and Adam epsilon ``eps_G``; ``warmup_steps`` and ``decay_steps`` (steps) and ``end_lr_fraction``.
 
     The warmup is cut to leave at least one step of decay, as ``total_steps`` may be shorter than it.
     """

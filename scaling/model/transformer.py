@@ -36,8 +36,8 @@ whole (``RESIDUAL``), as in Megatron-style tensor parallelism.
 A parametrization other than the standard one (μP, CompleteP; see
 ``scaling.model.parametrization``) reaches the model as ``Multipliers``: scales of
 the initial hidden matrices, of the attention logits, of each residual
-branch and of the output. They are constants of the program; the defaults
-change nothing.
+branch and of the output, and whether the readout and the queries start at
+zero. They are constants of the program; the defaults change nothing.
 """
 
 from __future__ import annotations
@@ -229,7 +229,10 @@ class SelfAttention(nn.Module):
         hidden_std = cfg.init_std * self.multipliers.hidden_init
 
         def projection(name):
-            out = dense(features=(heads, head_dim), kernel_init=_init(cfg, qkv_axes, hidden_std, "qkv"),
+            kernel_init = _init(cfg, qkv_axes, hidden_std, "qkv")
+            if name == "query" and self.multipliers.zero_query:  # "Tensor Programs V", section D.2
+                kernel_init = _zeros(qkv_axes)
+            out = dense(features=(heads, head_dim), kernel_init=kernel_init,
                         bias_init=_zeros(("heads", "kv")), name=name)(tokens)
             return constrain(out.reshape(batch, length, heads, head_dim), ("batch", "length", "heads", "kv"))
 
@@ -327,12 +330,14 @@ class Unembedding(nn.Module):
 
     config: ModelConfig
     padded_vocab: int
+    zero: bool = False  # start at zero ("Tensor Programs V", section D.2)
 
     @nn.compact
     def __call__(self):
         cfg = self.config
-        return self.param("kernel", _vocab_init(cfg, ("embed", "vocab"), self.padded_vocab, "linear"),
-                          (cfg.width, self.padded_vocab), _DTYPES[cfg.param_dtype])
+        init = _zeros(("embed", "vocab")) if self.zero else _vocab_init(cfg, ("embed", "vocab"), self.padded_vocab,
+                                                                         "linear")
+        return self.param("kernel", init, (cfg.width, self.padded_vocab), _DTYPES[cfg.param_dtype])
 
 
 def unembed(hidden: jax.Array, kernel: jax.Array, vocab_size: int, compute_dtype: str) -> jax.Array:
@@ -392,6 +397,7 @@ class Transformer(nn.Module):
             x = x + first_indicator_positions(length, cfg.width).astype(x.dtype)
         # "rope": nothing is added here; the attention rotates queries and keys by position
         x = constrain(nn.Dropout(cfg.dropout, deterministic=deterministic)(x), RESIDUAL)
+        self.sow("intermediates", "embedded", x)  # for probes (benchmarks/coord_check.py); a no-op otherwise
 
         block = Block
         if cfg.remat != "none":
@@ -412,7 +418,10 @@ class Transformer(nn.Module):
             # gradient alike (scaling.model.parametrization), and leaves the loss's sliced logits untouched.
             x = x * jnp.asarray(self.multipliers.output, x.dtype)
         x = constrain(x, RESIDUAL)
-        kernel = embed.embedding.T if cfg.tie_embeddings else Unembedding(cfg, padded_vocab, name="unembedding")()
+        if cfg.tie_embeddings:
+            kernel = embed.embedding.T
+        else:
+            kernel = Unembedding(cfg, padded_vocab, self.multipliers.zero_readout, name="unembedding")()
         if return_hidden:
             return x, kernel
         logits = unembed(x, kernel, cfg.vocab_size, cfg.compute_dtype)[..., :cfg.vocab_size]
