@@ -218,9 +218,11 @@ def describe(plan: list[Piece], too_long: list[Pack], model: SpeedModel) -> list
              f"{s.reserve_seconds:g} s reserve, {s.usable_seconds:g} s for packs), at {model.how}:"]
     for index, piece in enumerate(plan, 1):
         runs = [run for pack in piece.packs for run in pack.runs]
+        largest = max(piece.packs, key=model.seconds)
         minutes = (piece.seconds + s.startup_seconds) / 60
-        lines.append(f"  piece {index}: {len(piece.packs)} pack(s), {len(runs)} run(s) ({runs[0].name} .. "
-                     f"{runs[-1].name}), ≈{minutes:.1f} device-minutes")
+        lines.append(f"  piece {index}: {len(piece.packs)} pack(s), {len(runs)} run(s), the longest "
+                     f"L{largest.runs[0].depth}-d{largest.runs[0].width} × {len(largest.runs)} "
+                     f"(≈{model.seconds(largest) / 60:.1f} min), ≈{minutes:.1f} device-minutes")
     total = sum(piece.seconds + s.startup_seconds for piece in plan) / 60
     lines.append(f"  {len(plan)} piece(s), ≈{total:.0f} device-minutes")
     for pack in too_long:
