@@ -376,41 +376,49 @@ def test_a_micro_piece_end_to_end_in_a_fresh_environment(tmp_path):
     site = Path(helpers.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                             check=True).stdout.strip())
     (site / "image.pth").write_text(str(view) + "\n")
-    env = tiny.env(GPU_DEPTH_MICRO="1", PIP_NO_INDEX="1")
+    sizes = tmp_path / "stage2_sizes.json"  # stage 2 (seeds 1, 2 and the rate check: packs of 2 and 3)
+    sizes.write_text(json.dumps({"design": "gpu_depth_micro",
+                                 "pairs": [{"shallow_depth": 1, "deep_depth": 2, "centre_params": 8e3}]}))
+    env = tiny.env(GPU_DEPTH_MICRO="1", GPU_DEPTH_STAGE="2", GPU_DEPTH_SIZES=str(sizes), PIP_NO_INDEX="1")
     listed = helpers.run([python, "-m", "sweeps.launch", "list", "sweeps/configs/smoke.py"], env=env)
     assert listed.returncode == 3 and "missing packages pydantic" in listed.stderr
     assert len(listed.stderr.strip().splitlines()) == 1
 
     corpus = micro_corpus(tmp_path)
     fingerprint = corpus.parent / "fingerprint.json"
-    common = ["--fingerprint", fingerprint, "--ledger", tmp_path / "ledger.json", "--data-dir", tmp_path / "data"]
+    common = ["--fingerprint", fingerprint, "--ledger", tmp_path / "ledger.json"]
     no_wheels = helpers.run([python, "-m", "sweeps.piece", "run", "--out", tmp_path / "o1", "--corpus", corpus,
-                             "--wheels", tmp_path / "none", *common], env=env)
+                             "--wheels", tmp_path / "none", *common, "--data-dir", tmp_path], env=env)
     assert no_wheels.returncode == 3 and "missing pydantic==" in no_wheels.stderr
     wrong = tmp_path / "wrong.tar.xz"
     wrong.write_bytes(corpus.read_bytes() + b"\0")
     refused = helpers.run([python, "-m", "sweeps.piece", "run", "--out", tmp_path / "o2", "--corpus", wrong,
-                           "--wheels", wheels, *common], env=env)
+                           "--wheels", wheels, *common, "--data-dir", tmp_path], env=env)
     assert refused.returncode == 4 and "refusing to train on another corpus" in refused.stderr
     assert "installing pydantic==" in refused.stdout
 
     repo, head = git_repo_of_this_tree(tmp_path)
     out = tmp_path / "out"
     piece = helpers.run([python, "-m", "sweeps.piece", "run", "--budget", "2m", "--out", out, "--corpus", corpus,
-                         "--wheels", wheels, "--commit", head, *common], env=env, timeout=600)
+                         "--wheels", wheels, "--commit", head, *common, "--data-dir", tmp_path], env=env, timeout=600)
     assert piece.returncode == 75, piece.stdout[-3000:] + piece.stderr[-3000:]
+    print(piece.stdout)
     summary = json.loads((out / "piece.json").read_text())
     assert summary["wall_seconds"] <= 120 and summary["trained"] and summary["installed"] == []
     for row in summary["timing"]:
         assert row["predicted_seconds"] <= row["remaining_seconds"]
     assert summary["left"][0]["predicted_seconds"] > summary["left"][0]["remaining_seconds"]
-    assert any("d288" in name for pack in summary["left"] for name in pack["runs"])  # never started
+    assert any("d296" in name for pack in summary["left"] for name in pack["runs"])  # never started
+    assert any(row["runs"] > 1 for row in summary["timing"])  # seeds and rate checks trained packed
+    probe = summary["probe"]  # the first piece on a card: solo against 4 packed, at the cheapest shape
+    assert probe["runs"] == 4 and probe["solo_tokens_per_second"] > 0 and probe["packed_tokens_per_second"] > 0
+    assert "probe L2-d8" in (out / "timing.md").read_text()
     assert (out / "timing.md").read_text().count("\n") > 5
 
     accepted = helpers.run([sys.executable, "-m", "sweeps.piece", "accept", out, "--results", tmp_path / "results",
                             "--repo", repo, *common], env=env)
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     assert f"accepted {len(summary['trained'])} run(s), refused 0" in accepted.stdout
-    fit = helpers.run([sys.executable, "-m", "analysis", "fit", tmp_path / "results" / "gpu_depth_micro", "--json",
-                       "--bootstrap", "20"], env=env)
+    fit = helpers.run([sys.executable, "-m", "analysis", "fit", tmp_path / "results" / "gpu_depth_micro_stage2",
+                       "--json", "--bootstrap", "20"], env=env)
     assert fit.returncode == 0, fit.stderr

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the wheel folder to install missing packages from (default: gpu/wheels)")
     run.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path(os.environ.get("TMPDIR", "/tmp")),
                      help="where the archive is unpacked (default: $TMPDIR or /tmp)")
+    run.add_argument("--probe", type=int, metavar="K",
+                     help="first time solo against K packed runs of the cheapest shape (default: 4 on a card the "
+                          "ledger has no timing for, else 0: none)")
     run.add_argument("--commit", default="", help="the commit this tree is (the machine has no git); accept checks it")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base-config field that keeps run ids, e.g. model.attention_impl=... ")

@@ -154,6 +154,27 @@ def train_one_pack(loop, pack, workdir, outcome: Outcome, predicted: float, rema
     return code is not None
 
 
+PROBE_SECONDS = 90.0  # the probe runs only when this much is left before the deadline (two compiles)
+
+
+def run_probe(packs, size: int, model: plan_lib.SpeedModel, peak: float, deadline: float, say) -> dict | None:
+    """Solo against packed (``sweeps.piece.probe``) at the cheapest pack's shape with ``size`` runs, when
+    ``size`` > 1 and time allows; its two measurements go to ``model``. The row, or None."""
+    if size < 2 or not packs or deadline - time.monotonic() < PROBE_SECONDS:
+        return None
+    from sweeps.piece.probe import solo_vs_packed
+
+    config = packs[0].runs[0].config
+    row = solo_vs_packed(config, size, peak)
+    say(f"probe L{row['depth']}-d{row['width']}: alone {row['solo_tokens_per_second']:,.0f} tokens/s "
+        f"(MFU {row['solo_mfu']:.2%}), {size} packed {row['packed_tokens_per_second']:,.0f} "
+        f"(MFU {row['packed_mfu']:.2%}; ×{row['packed_per_run_over_solo']:.2f} per run)")
+    model.add(plan_lib.Measured(row["flops_per_step"], row["solo_step_seconds"], row["solo_compile_seconds"]))
+    model.add(plan_lib.Measured(size * row["flops_per_step"], row["packed_step_seconds"],
+                                row["packed_compile_seconds"]))
+    return row
+
+
 def write_outputs(out: pathlib.Path, workdir: pathlib.Path, sweep_name: str, summary: dict, outcome: Outcome) -> None:
     """Records of every run this piece trained, ``piece.json`` and ``timing.md`` under ``out``."""
     from scaling.cli import text_table
@@ -172,8 +193,18 @@ def write_outputs(out: pathlib.Path, workdir: pathlib.Path, sweep_name: str, sum
     lines = [f"# Piece timing: {summary['device']}, sweep {sweep_name}", "",
              f"budget {summary['budget_seconds']:.0f} s, wall {summary['wall_seconds']:.0f} s, "
              f"exit {summary['exit_code']}",
-             "", text_table(header, rows), "", *solo_vs_packed(outcome.timing)]
+             "", text_table(header, rows), "", *probe_lines(summary.get("probe")), *solo_vs_packed(outcome.timing)]
     (out / "timing.md").write_text("\n".join(lines) + "\n")
+
+
+def probe_lines(row: dict | None) -> list[str]:
+    """The probe's line for the timing table (none without a probe)."""
+    if not row:
+        return []
+    return [f"probe L{row['depth']}-d{row['width']} (random tokens): alone {row['solo_tokens_per_second']:,.0f} "
+            f"tokens/s, MFU {row['solo_mfu']:.2%}, compiled in {row['solo_compile_seconds']:.1f} s; {row['runs']} packed "
+            f"{row['packed_tokens_per_second']:,.0f} tokens/s, MFU {row['packed_mfu']:.2%}, compiled in "
+            f"{row['packed_compile_seconds']:.1f} s (×{row['packed_per_run_over_solo']:.2f} per run)"]
 
 
 def solo_vs_packed(timing: list) -> list[str]:
@@ -249,6 +280,8 @@ def piece(args, started: float, installed: list[str], say=print) -> int:
         f"{time.monotonic() - started:.0f} s spent starting")
     workdir = scratch_workdir()
     deadline = started + args.budget - settings.reserve_seconds - FINISH_SECONDS
+    first_on_card = not ledger_lib.measured(ledger, device)
+    probe = run_probe(packs, args.probe if args.probe is not None else 4 * first_on_card, model, peak, deadline, say)
     outcome = train_packs(packs, model, deadline, workdir, say, peak)
     code = exit_code(outcome, model)
     summary = {"format": "piece-v1", "sweep": sweep.name, "stage": os.environ.get("GPU_DEPTH_STAGE", "1"),
@@ -257,7 +290,7 @@ def piece(args, started: float, installed: list[str], say=print) -> int:
                "jax": jax.__version__, "budget_seconds": args.budget, "exit_code": code,
                "archive_sha256": sha256_file(args.corpus), "data_fingerprint": data_fingerprint,
                "installed": installed, "speed_model": model.how, "trained": outcome.trained,
-               "failed": outcome.failed, "left": outcome.left, "timing": outcome.timing,
+               "failed": outcome.failed, "left": outcome.left, "timing": outcome.timing, "probe": probe,
                "wall_seconds": round(time.monotonic() - started, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
     write_outputs(args.out, workdir, sweep.name, summary, outcome)
