@@ -385,6 +385,10 @@ def test_a_micro_piece_end_to_end_in_a_fresh_environment(tmp_path):
     assert len(listed.stderr.strip().splitlines()) == 1
 
     corpus = micro_corpus(tmp_path)
+    stage = helpers.run([REPO / "gpu" / "run_stage.sh", "--stage", "1", "--budget", "5m", "--corpus", corpus],
+                        env={**env, "PYTHON": str(python)})
+    assert stage.returncode == 3 and stage.stderr.startswith("run_stage.sh: error: missing packages pydantic")
+    assert len(stage.stderr.strip().splitlines()) == 1
     fingerprint = corpus.parent / "fingerprint.json"
     common = ["--fingerprint", fingerprint, "--ledger", tmp_path / "ledger.json"]
     no_wheels = helpers.run([python, "-m", "sweeps.piece", "run", "--out", tmp_path / "o1", "--corpus", corpus,
