@@ -151,6 +151,15 @@ def test_packs_too_long_for_a_piece_are_split_and_single_runs_reported(full):
     assert not done and len(too_long) == 5
 
 
+def test_piece_script_is_shellcheck_clean_and_help_needs_no_jax():
+    helpers.assert_shellcheck_clean(REPO / "gpu" / "piece.sh")
+    done = helpers.run([sys.executable, "-X", "importtime", "-m", "sweeps.piece", "run", "--help"], timeout=120)
+    assert done.returncode == 0 and "75 runs remain" in done.stdout and "--budget" in done.stdout
+    imported = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "argparse" in imported and not imported & {"jax", "pydantic", "flax"}
+
+
 # ---------------------------------------------------------------- the pre-registration
 
 

@@ -176,12 +176,14 @@ def run_probe(packs, size: int, model: plan_lib.SpeedModel, peak: float, deadlin
 
 
 def write_outputs(out: pathlib.Path, workdir: pathlib.Path, sweep_name: str, summary: dict, outcome: Outcome) -> None:
-    """Records of every run this piece trained, ``piece.json`` and ``timing.md`` under ``out``."""
+    """Records of every run this piece finished (``records/``; the others', with their ``error.log``, in
+    ``unfinished/``, for diagnosis only), ``piece.json`` and ``timing.md`` under ``out``."""
     from scaling.cli import text_table
 
     sweep_dir = workdir / sweep_name
     for run_dir in sorted(p for p in sweep_dir.glob("*") if (p / "result.json").exists()):
-        destination = out / "records" / sweep_name / run_dir.name
+        finished = json.loads((run_dir / "result.json").read_text()).get("status") == "finished"
+        destination = out / ("records" if finished else "unfinished") / sweep_name / run_dir.name
         ledger_lib.copy_record(run_dir, destination)
         if (run_dir / "error.log").exists():
             shutil.copyfile(run_dir / "error.log", destination / "error.log")
