@@ -10,17 +10,19 @@
 #            $SCALING_DATA_DIR, default ~/.cache/scaling-data), or an unpacked token cache directory.
 # --budget   wall-clock time for this call: 45s, 30m, 1h or seconds. The launcher gets SIGTERM
 #            --reserve seconds (default 90) before the end, saves a checkpoint and exits with 75.
-# --out      the records archive (default WORKDIR/<sweep name>-records.tar.gz): config.json, result.json
+# --out      the records archive (default $OUT/<sweep name>-records.tar.gz, else WORKDIR/...): config.json, result.json
 #            and metrics.jsonl of every finished run, and sweep.json; no checkpoints.
-# GPU_DEPTH_MICRO=1 selects the micro version of the sweep (tests, CPU).
+# GPU_DEPTH_MICRO=1 selects the micro version of the sweep (tests, CPU). For a machine lent one command of
+# at most 10 minutes at a time, use gpu/piece.sh instead: runs there must finish inside one command.
 #
 # Exit status: 0 when the stage is complete, 75 when runs remain (call again), 1 when a run failed,
-# 2 for bad arguments.
+# 2 for bad arguments (wandb_mode=offline without wandb installed: add -- --set wandb_mode=disabled),
+# 3 when a package is missing (one line naming it).
 set -euo pipefail
 
 stage="" budget="" corpus="" workdir="results/gpu_depth" out="" reserve=90
 extra=()
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "run_stage.sh: error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -51,6 +53,7 @@ train_seconds=$(( seconds - reserve ))
 (( train_seconds > 0 )) || die "--budget $budget leaves no time after the --reserve of $reserve s"
 
 python="${PYTHON:-python}"
+"$python" -c 'from sweeps.piece.packages import exit_if_missing; exit_if_missing("run_stage.sh")'
 sweep_file="sweeps/configs/gpu_depth.py"
 export GPU_DEPTH_STAGE="$stage"
 
@@ -74,7 +77,7 @@ fi
 
 sweep_name=$("$python" -c 'import sys; from sweeps.spec import load_sweep; print(load_sweep(sys.argv[1]).name)' \
   "$sweep_file")
-out="${out:-$workdir/$sweep_name-records.tar.gz}"
+out="${out:-${OUT:-$workdir}/$sweep_name-records.tar.gz}"
 echo "run_stage.sh: stage $stage (sweep $sweep_name), $train_seconds s of training, then packing into $out"
 
 status=0

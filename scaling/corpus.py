@@ -54,13 +54,19 @@ def build_main(argv=None, prog: str = "python -m scaling.corpus build") -> None:
                         help="only these Debian sources (repeatable): "
                              f"{', '.join(s.name for s in corpus_build.DEBIAN_SOURCES)}")
     parser.add_argument("--fingerprint", type=pathlib.Path, metavar="PATH",
-                        help="also copy fingerprint.json here (e.g. into the repository, to commit)")
+                        help="the committed fingerprint to verify the build against (e.g. "
+                             "results/gpu_depth/corpus_fingerprint.json): a difference is an error naming the "
+                             "first field that differs; a missing file is written")
+    parser.add_argument("--overwrite-fingerprint", action="store_true",
+                        help="write the build's fingerprint over --fingerprint's file even when they differ")
     parser.add_argument("--xz-preset", type=int, default=6, choices=range(10), metavar="0-9",
                         help="xz compression level of tokens.tar.xz (default 6)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if args.folder and args.only:
         parser.error("give --folder or --only, not both")
+    if args.overwrite_fingerprint and not args.fingerprint:
+        parser.error("--overwrite-fingerprint needs --fingerprint PATH")
     known = {s.name: s for s in corpus_build.DEBIAN_SOURCES}
     unknown = [name for name in args.only if name not in known]
     if unknown:
@@ -76,14 +82,49 @@ def build_main(argv=None, prog: str = "python -m scaling.corpus build") -> None:
     except ValueError as error:
         parser.error(str(error))
     if args.fingerprint:
-        args.fingerprint.parent.mkdir(parents=True, exist_ok=True)
-        args.fingerprint.write_text(json.dumps(fingerprint, indent=1) + "\n")
+        problem = keep_fingerprint(fingerprint, args.fingerprint, args.overwrite_fingerprint)
+        if problem:
+            parser.error(problem)
     lines = [f"{name:18s} {s['prose_bytes'] / 1e6:8.2f} MB  {s['documents']:7d} documents  "
              f"({s['duplicates_dropped']} duplicates dropped)" for name, s in fingerprint["sources"].items()]
     print("\n".join(lines))
     print(f"total {fingerprint['prose_bytes'] / 1e6:.2f} MB of prose in {fingerprint['documents']} documents; "
           f"{args.out / corpus_build.ARCHIVE}: {fingerprint['archive']['mib']} MiB; data fingerprint "
           f"{fingerprint['data_fingerprint'][:16]}")
+
+
+def first_difference(built, committed, where: str = "") -> str | None:
+    """The dotted path of the first field where ``built`` and ``committed`` (JSON values) differ, with both
+    values, or None when they are equal."""
+    if isinstance(built, dict) and isinstance(committed, dict):
+        for key in sorted(set(built) | set(committed)):
+            found = first_difference(built.get(key), committed.get(key), f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return None
+    if built != committed:
+        return f"{where or 'the fingerprint'}: built {built!r}, committed {committed!r}"
+    return None
+
+
+def keep_fingerprint(fingerprint: dict, path: pathlib.Path, overwrite: bool) -> str | None:
+    """Verify the build's ``fingerprint`` against the committed file ``path``: None when they agree (or the
+    file did not exist and was written, or ``overwrite`` wrote it), else one line saying where they differ."""
+    if path.exists() and not overwrite:
+        try:
+            committed = json.loads(path.read_text())
+        except ValueError as error:
+            return f"--fingerprint {path}: unreadable JSON ({error}); --overwrite-fingerprint replaces it"
+        difference = first_difference(fingerprint, committed)
+        if difference:
+            return (f"the built corpus is not the committed one ({path}): {difference}; install the pinned "
+                    "package versions, or replace the file with --overwrite-fingerprint")
+        print(f"verified against {path}: identical")
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fingerprint, indent=1) + "\n")
+    print(f"wrote {path}")
+    return None
 
 
 if __name__ == "__main__":

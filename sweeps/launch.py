@@ -53,12 +53,17 @@ Using many hosts (``sweeps.hosts`` decides, and lists where it reads what;
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below need them: a missing package is one line, not a traceback
+    from sweeps.piece.packages import exit_if_missing
+
+    exit_if_missing("python -m sweeps.launch")
+
 import collections
 import json
 import os
 import sys
 
-from scaling import cli
+from scaling import cli, hardware
 from scaling.store.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
 from sweeps import hosts, packing
@@ -195,6 +200,7 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
                           "speed_flops_per_second": flops / slow / 3600 if slow else None, **extra,
                           "device": plan.device, "preflight_runs": plan.preflight_runs, "cost": plan.cost,
                           "pack_size": pack, "packs": [p.describe() for p in packs], "preflight_estimates": kept.where,
+                          "pieces": pieces_lines(sweep, states, pack),
                           "skipped": [s._asdict() for s in skipped]}, indent=2))
         return 0
     print(f"dry run of sweep {sweep.name}: {which}")
@@ -215,10 +221,39 @@ def cmd_dry_run(sweep: Sweep, args) -> int:
     print(f"cost: {tokens:.3g} training tokens, ≈{flops:.2g} FLOPs "
           f"(6·(12·L·d² + V·d) + 12·L·T·d per token) ≈ {plan.duration()} at {plan.how}")
     print(plan.price_line)
+    for line in pieces_lines(sweep, states, pack):
+        print(line)
     print(kept.describe([s.spec for s in states]))
     for line in skipped_lines(skipped) + unreadable_lines(states) + foreign_note(sweep, runs, args.workdir):
         print(line)
     return 0
+
+
+def pieces_lines(sweep: Sweep, states: list[RunState], pack: int) -> list[str]:
+    """A ``PieceSweep``'s plan as pieces (``sweeps.piece.plan``): its runs to train that its ledger does not
+    hold, packed, cut into pieces at its assumed speed; then the ledger's state. Nothing for other sweeps."""
+    from sweeps.piece import ledger as ledger_lib
+    from sweeps.piece import plan as plan_lib
+    from sweeps.piece.packages import REPO
+
+    if not isinstance(sweep, plan_lib.PieceSweep):
+        return []
+    settings = sweep.piece
+    ledger = ledger_lib.read(REPO / settings.ledger) if settings.ledger else ledger_lib.empty()
+    done = ledger_lib.finished_ids(ledger)
+    runs = [state.spec for state in cheapest_first(states) if state.spec.run_id not in done]
+    model = plan_lib.SpeedModel(settings, hardware.nominal_peak_flops(sweep.base.peak_flops))
+    packs = plan_lib.fitting(packing.plan_packs(runs, pack, lambda run: 0), model, settings.usable_seconds)
+    lines = plan_lib.describe(*plan_lib.pieces(packs, model), model)
+    if sweep.base.peak_flops == hardware.H200.peak_flops("bfloat16"):
+        from sweeps.piece.bound import bound_line
+
+        lines.append("  " + bound_line(runs, hardware.H200, settings.mfu))
+    if settings.ledger:
+        lines.append(ledger_lib.state_line(ledger, settings.ledger, [state.spec for state in states]))
+    return lines
+
+
 
 
 def cmd_status(sweep: Sweep, args) -> int:
@@ -248,6 +283,9 @@ def status_json(sweep: Sweep, states: list[RunState], skipped, which: str, workd
 
 def cmd_run(sweep: Sweep, args) -> int:
     """Train this process's share, cheapest run first (``sweeps/run_loop.py``), then print the summary."""
+    missing = wandb_missing(sweep)
+    if missing:
+        raise LauncherError(missing)
     runs, skipped = sweep.expand()
     share = _start_processes(args)
     mine, which = _my_runs(runs, share, args)
@@ -298,6 +336,22 @@ def cmd_run(sweep: Sweep, args) -> int:
     if loop.failed or any(s.status == "failed" for s in all_states if s.spec.run_id in mine_ids):
         return 1
     return PREEMPTED_EXIT_CODE if loop.busy else 0  # busy: held elsewhere with --when-busy exit; retry later
+
+
+def wandb_missing(sweep: Sweep) -> str | None:
+    """Why the sweep's runs cannot log to wandb here (one line), or None: its ``wandb_mode`` needs wandb and
+    wandb is not installed. Checked before any run starts, so that no run is recorded failed for it."""
+    import importlib.util
+
+    from scaling.run.track import wandb_mode
+
+    mode = wandb_mode(sweep.base.wandb_mode)
+    if mode == "disabled" or importlib.util.find_spec("wandb") is not None:
+        return None
+    return (f"wandb_mode={mode} needs wandb, which is not installed: pip install wandb, or add "
+            "--set wandb_mode=disabled (run ids stay the same; metrics.jsonl keeps every metric)")
+
+
 
 
 def _run_summary(sweep: Sweep, states: list[RunState], mine: list, args, pack: int) -> str:

@@ -48,8 +48,8 @@ DESCRIPTION = ("Launch, inspect and resume a sweep: the training runs a sweep fi
                "interrupted ones go on from their last checkpoint.")
 EPILOG = ("Each sweep command also takes --workdir DIR (local or gs://), --set KEY=VALUE (change the base "
           "config, e.g. steps=100), --only GLOB (runs by name) and --shard I/N (share I of N).\n"
-          "Exit status: 0; 1 if a run failed; 2 for bad input; 75 after Ctrl-C or SIGTERM (a checkpoint is "
-          "saved: rerun the same command to resume).\n"
+          "Exit status: 0; 1 if a run failed; 2 for bad input; 3 if a package is missing; 75 after Ctrl-C or "
+          "SIGTERM (checkpoint saved: rerun to resume).\n"
           "Example: {prog} run sweeps/configs/smoke.py --workdir runs   (then: {prog} COMMAND --help)")
 
 

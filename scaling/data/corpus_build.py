@@ -1,9 +1,16 @@
 """A larger offline English corpus, built from Debian documentation packages (or any folder of text).
 
-    apt-get install python3.11-doc linux-doc-6.1 maxima-doc octave-doc postgresql-doc-15 perl-doc \\
-        debian-reference-en bash-doc python-django-doc sqlite3-doc git-doc dict-foldoc dict-gcide dict-wn
+    apt-get install python3.11-doc=3.11.2-6+deb12u9 linux-doc-6.1=6.1.192-2 maxima-doc=5.46.0-11 \\
+        octave-doc=7.3.0-2 postgresql-doc-15=15.20-0+deb12u1 perl-doc=5.36.0-7+deb12u4 \\
+        debian-reference-en=2.100 bash-doc=5.2.15-2 python-django-doc=3:3.2.25-0+deb12u7 \\
+        sqlite3-doc=3.40.1-2+deb12u2 git-doc=1:2.39.5-0+deb12u3 dict-foldoc=20230119-1 \\
+        dict-gcide=0.48.5+nmu2 dict-wn=1:3.0-37
     python -m scaling.corpus build --out ~/.cache/scaling-data/debian-docs-prose \\
         --fingerprint results/gpu_depth/corpus_fingerprint.json
+
+The versions are pinned: the committed fingerprint was built from exactly these (Debian 12; all on
+deb.debian.org on 2026-11-28, older ones stay on snapshot.debian.org), and ``--fingerprint`` verifies a
+build against it, failing on the first field that differs (``--overwrite-fingerprint`` replaces it).
 
 What it does, in order
     1. Reads every source's files in sorted order and reduces them to prose:

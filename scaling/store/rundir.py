@@ -23,10 +23,14 @@ from scaling.store.storage import is_remote, write_atomic
 
 def code_version(source_dir=None) -> str:
     """The git commit of this source tree (with ``+dirty`` if modified), else the package version.
+    ``SCALING_CODE_VERSION``, when set, is the answer instead (``sweeps.piece`` sets it from --commit).
 
     Files under the repository's ``results/`` do not make the tree dirty: committed experiments keep their
     records there, and the launcher rewrites their ``sweep.json`` itself, so a run trained from clean code
     would otherwise be stamped as modified. ``source_dir``: a folder of the tree (default: this package's)."""
+    named = os.environ.get("SCALING_CODE_VERSION", "").strip()
+    if named:  # a tree copied without git (a lent machine): the commit its piece names, checked on return
+        return named
     here = epath.Path(source_dir) if source_dir is not None else epath.Path(__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
