@@ -59,9 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = cli.Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG.format(prog=prog),
                         formatter_class=cli.ParagraphHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = _sweep_arguments()
     for name, help_text in COMMAND_HELP.items():
-        _add_options(commands.add_parser(name, parents=[common], help=help_text, description=help_text), name)
+        # A parent parser's actions are shared by reference: one per command, so that a command's own
+        # defaults (the preflight's --workdir) never leak into the others'.
+        _add_options(commands.add_parser(name, parents=[_sweep_arguments()], help=help_text,
+                                         description=help_text), name)
     _add_hosts(commands)
     _add_sky(commands)
     return parser

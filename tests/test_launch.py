@@ -532,3 +532,14 @@ def test_a_finished_share_says_so_and_shows_its_own_runs(tmp_path, capsys):
                    {run.name for run in runs}}
     assert 1 <= len(table_names) < 4  # this share's runs, not the whole sweep's
     assert f"this share's {len(table_names)} of the sweep's 4 runs" in out and f"status {sweep_file}" in out
+
+
+def test_each_command_keeps_its_own_workdir_default():
+    """The preflight keeps no workdir unless given one; that default must not leak into the other commands
+    (they shared the parent parser's action, so `dry-run SWEEP_FILE` crashed on a None workdir)."""
+    from sweeps.launch_parser import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["preflight", "sweeps/configs/smoke.py", "--topology", "v5e:2x4"]).workdir is None
+    for command in ("list", "dry-run", "run", "status"):
+        assert parser.parse_args([command, "sweeps/configs/smoke.py"]).workdir == "runs", command
