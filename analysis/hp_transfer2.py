@@ -304,8 +304,11 @@ def extensions(frame: pd.DataFrame, base: dict) -> list[dict] | None:
                     continue
                 indices = stage2_indices(base["base_index"], name, axis, size)
                 means = _means(points)
-                upward = (found is not None and np.isfinite(found.vertex) and found.vertex > max(found.xs)) or (
-                    (found is None or not np.isfinite(found.vertex)) and means.idxmin() == means.index.max())
+                if found is not None and np.isfinite(found.vertex):  # the end nearer the fitted vertex
+                    upward = found.vertex > (min(found.xs) + max(found.xs)) / 2
+                else:  # the end with the lower mean loss (a diverged end counts as the higher)
+                    top, bottom = means.loc[means.index.max()], means.loc[means.index.min()]
+                    upward = bool(np.isfinite(top) and not top >= bottom)
                 end = max(indices) if upward else min(indices)
                 step = 1 if upward else -1
                 added.append({"parametrization": name, "axis": axis, "size": size,

@@ -174,3 +174,34 @@ def test_the_command_prints_tables_json_decisions_and_draws_the_figure(tmp_path,
     assert json.loads(capsys.readouterr().out)["criterion"]["width"]["verdict"] == "holds"
     assert analysis_cli.main(["hp-transfer2", folder, "--decisions"]) == 0
     assert json.loads(capsys.readouterr().out)["base"]["tag"] == "base-m2-zero"
+
+
+@pytest.mark.parametrize("slope,indices", [(-0.02, [-3, -4]), (0.02, [3, 4])])
+def test_a_curve_opening_downward_is_extended_beyond_its_lower_loss_end(tmp_path, slope, indices):
+    """No vertex to go by: the README's rule takes the end with the lower mean loss. A concave curve tilted
+    so that its low-rate end is lower (``slope`` < 0) extends below the grid, the other way above it."""
+    _plant(tmp_path)
+    for path in (tmp_path / "hp_transfer2").glob("mup-w256-*"):
+        record = json.loads((path / "result.json").read_text())
+        x = math.log2(record["peak_lr"] / 1e-2)
+        record["final_eval_loss"] = 2.0 - slope * x - 0.01 * x ** 2 + 0.001 * record["seed"]
+        (path / "result.json").write_text(json.dumps(record))
+    assert design.decisions(tmp_path / "hp_transfer2")["extensions"] == [
+        {"parametrization": "mup", "axis": "width", "size": 256, "indices": indices}]
+
+
+def test_a_noisy_curve_with_its_vertex_inside_is_extended_beyond_the_end_nearer_the_vertex(tmp_path):
+    """Vertex inside the grid's upper half, but seed noise turns over a quarter of the resamples downward
+    (unresolved): the extension goes above the grid, the end nearer the vertex."""
+    _plant(tmp_path)
+    noise = {0: 0.03, 1: -0.03, 2: 0.0}
+    for path in (tmp_path / "hp_transfer2").glob("mup-w256-*"):
+        record = json.loads((path / "result.json").read_text())
+        k = design.lattice_index(record["peak_lr"])
+        record["final_eval_loss"] = 2.0 + 0.01 * (k / 2 - 0.6) ** 2 + noise[(record["seed"] + k) % 3]
+        (path / "result.json").write_text(json.dumps(record))
+    wide = next(row for row in design.outcome(tmp_path / "hp_transfer2")["shapes"]
+                if (row["parametrization"], row["size"]) == ("mup", 256))
+    assert wide["status"] == "unresolved" and wide["downward_resamples"] > 0.05
+    assert design.decisions(tmp_path / "hp_transfer2")["extensions"] == [
+        {"parametrization": "mup", "axis": "width", "size": 256, "indices": [3, 4]}]
