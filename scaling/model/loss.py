@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from scaling.config import LOSS_IMPLS
+from scaling.model import fused_loss
 from scaling.model.mesh import activation_shards, constrain
 from scaling.model.transformer import _DTYPES, _PADDING_LOGIT, Transformer, unembed
 
@@ -142,7 +144,7 @@ def slice_positions(batch: int, length: int, chunk_tokens: int, batch_shards: in
 
 
 def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str,
-                      chunk_tokens: int) -> jax.Array:
+                      chunk_tokens: int, impl: str = "chunked", vocab_block: int | None = None) -> jax.Array:
     """Σ weights · (−log p(target)) in nats over [batch, length] positions (float32 scalar).
 
     ``hidden`` [batch, length, width] are the final hidden states, ``kernel``
@@ -158,13 +160,19 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     in float32. Slicing the sequence rather than the batch keeps each slice
     spread over the batch's shards. A device's rows of at most
     ``chunk_tokens`` tokens are computed in one piece.
+    ``impl`` (``ModelConfig.loss_impl``): ``chunked`` forms a slice's logits
+    over the whole vocabulary; ``fused`` (``scaling.model.fused_loss``) also
+    cuts the vocabulary into blocks of at most ``vocab_block`` ids
+    (default ``fused_loss.VOCAB_BLOCK``).
     """
+    if impl not in LOSS_IMPLS:
+        raise ValueError(f"impl={impl!r} is invalid: allowed one of {', '.join(LOSS_IMPLS)}")
     dtype = _DTYPES[compute_dtype]
     kernel = constrain(kernel.astype(dtype), (None, "vocab"))
     hidden = hidden.astype(dtype)
     batch, length, _ = hidden.shape
     chunk = slice_positions(batch, length, chunk_tokens, activation_shards("batch", batch))
-    if chunk == length:
+    if chunk == length and impl == "chunked":
         return _slice_loss_sum(hidden, kernel, targets, weights, vocab_size)
     chunks = -(-length // chunk)
     padding = chunks * chunk - length  # extra positions carry weight 0
@@ -176,6 +184,9 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     def slices(array):  # [batch, chunks * chunk, ...] -> [chunks, batch, chunk, ...]
         return jnp.moveaxis(array.reshape(batch, chunks, chunk, *array.shape[2:]), 1, 0)
 
+    if impl == "fused":
+        blocks = fused_loss.kernel_blocks(kernel, vocab_block or fused_loss.VOCAB_BLOCK)
+        return fused_loss.fused_loss_sum(slices(hidden), blocks, slices(targets), slices(weights), vocab_size)
     return _sliced_loss_sum(slices(hidden), kernel, slices(targets), slices(weights), vocab_size)
 
 
@@ -230,7 +241,8 @@ def loss_sums(model: Transformer, params, batch: dict, *, dropout_rng, determini
         loss_sum, correct = label_cross_entropy_sums(hidden, kernel, targets, weights, label_ids, cfg.compute_dtype)
     else:
         loss_sum = cross_entropy_sum(hidden, kernel, targets, weights, vocab_size=cfg.vocab_size,
-                                     compute_dtype=cfg.compute_dtype, chunk_tokens=cfg.loss_chunk_tokens)
+                                     compute_dtype=cfg.compute_dtype, chunk_tokens=cfg.loss_chunk_tokens,
+                                     impl=cfg.loss_impl)
         correct = jnp.zeros((), jnp.float32)
     return {"loss_sum": loss_sum, "tokens": weights.sum(), "correct": correct}
 
