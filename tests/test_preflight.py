@@ -418,3 +418,40 @@ def test_the_cheapest_remat_policy_that_fits_is_found_cheapest_first():
     tried.clear()
     none = dataclasses.replace(config, model=dataclasses.replace(config.model, remat="none"))
     assert preflight.cheapest_remat(none, fits_from({"none"})) is None and tried == []  # already the cheapest
+
+
+def _pallas_step(devices, cost_estimate) -> str:
+    """The compiled TPU HLO of one Pallas kernel (it doubles a [256, 256] array), with or without a declared
+    ``pl.CostEstimate``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import pallas as pl
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    def double(x_ref, out_ref):
+        out_ref[...] = 2.0 * x_ref[...]
+
+    kernel = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32), name="doubler",
+                            cost_estimate=cost_estimate)
+    one = NamedSharding(Mesh(np.asarray(devices[:1]), ("x",)), PartitionSpec())
+    abstract = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=one)
+    return jax.jit(kernel, out_shardings=one).lower(abstract).compile().as_text()
+
+
+def test_a_pallas_kernel_is_priced_by_its_declared_cost_estimate_and_never_as_free(devices):
+    from jax.experimental import pallas as pl
+
+    from sweeps.preflight import kernels, roofline
+
+    chip = topology_lib.CHIPS["v5e"]
+    declared = pl.CostEstimate(flops=3_000_000_000, transcendentals=0, bytes_accessed=524_288)
+    priced = roofline.step_estimate(_pallas_step(devices, declared), chip, devices[:1],
+                                    kernels.kernel_cost(ModelConfig()))
+    (name, (calls, flops)), = priced.kernels.items()
+    assert name == "doubler" + kernels.DECLARED and kernels.cost_source(name) == "cost estimate"
+    assert (calls, flops) == (1, 3e9) and priced.step_seconds >= 3e9 / chip.bf16_flops
+    assert kernels.cost_source("splash_mha_fwd") == "stated model"
+    unpriced = roofline.step_estimate(_pallas_step(devices, None), chip, devices[:1],
+                                      kernels.kernel_cost(ModelConfig()))
+    assert unpriced.kernels_uncounted and unpriced.step_seconds is None  # unknown, not free
