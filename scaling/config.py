@@ -48,8 +48,9 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "gelu_exact", "swiglu"]
 AttentionScale = Literal["standard", "log_length"]
 AttentionImpl = Literal["xla", "flash"]
 # How the loss forms the logits (``scaling.model.loss.cross_entropy_sum``): ``chunked``, a slice of positions
-# over the whole vocabulary at a time; ``fused``, also in blocks of the vocabulary (``scaling.model.fused_loss``).
-LOSS_IMPLS = ("chunked", "fused")
+# over the whole vocabulary at a time; ``fused``, also in blocks of the vocabulary (``scaling.model.fused_loss``);
+# ``auto``, the one measured faster on the platform the step is compiled for (``scaling.model.loss.resolve_loss_impl``).
+LOSS_IMPLS = ("auto", "chunked", "fused")
 LossImpl = Literal[LOSS_IMPLS]
 Dtype = Literal["float32", "bfloat16"]
 # How initialisation, rates and multipliers follow width and depth (``OptimConfig``, ``scaling.model.parametrization``).
@@ -117,9 +118,9 @@ class ModelConfig:
     # (micro)batch at a time (``scaling.model.loss.cross_entropy_sum``): memory, not
     # results, depends on it.
     loss_chunk_tokens: PositiveInt = 8192
-    # ``chunked`` or ``fused`` (``LOSS_IMPLS``): the same loss computed two ways, so not part of the run id.
-    # ``fused`` never forms more than one vocabulary block of a slice's logits (scaling/model/fused_loss.py).
-    loss_impl: LossImpl = "chunked"
+    # ``auto``, ``chunked`` or ``fused`` (``LOSS_IMPLS``): the same loss computed two ways, so not part of the
+    # run id. ``fused`` never forms more than one vocabulary block of a slice's logits (scaling/model/fused_loss.py).
+    loss_impl: LossImpl = "auto"
 
     def __post_init__(self):
         if self.num_heads is not None:

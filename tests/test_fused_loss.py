@@ -13,7 +13,7 @@ import tiny
 from model_params import init_params
 from scaling.config import LOSS_IMPLS, MeshConfig, ModelConfig, TrainConfig, config_id
 from scaling.model import fused_loss, mesh as mesh_lib
-from scaling.model.loss import compute_loss, cross_entropy_sum
+from scaling.model.loss import AUTO_LOSS_IMPL, compute_loss, cross_entropy_sum, resolve_loss_impl
 from scaling.model.transformer import Transformer, padded_vocab_size
 from scaling.store.metrics_log import read_metrics
 
@@ -98,9 +98,23 @@ def test_an_unknown_loss_impl_is_refused_by_name():
 
 def test_the_loss_impl_is_not_part_of_the_run_id():
     base = TrainConfig()
-    assert set(LOSS_IMPLS) == {"chunked", "fused"} and base.model.loss_impl == "chunked"
-    fused = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_impl="fused"))
-    assert config_id(fused) == config_id(base)
+    assert set(LOSS_IMPLS) == {"auto", "chunked", "fused"} and base.model.loss_impl == "auto"
+    for impl in LOSS_IMPLS:
+        assert config_id(dataclasses.replace(base, model=dataclasses.replace(base.model, loss_impl=impl))) \
+            == config_id(base)
+
+
+def test_auto_is_the_impl_of_the_platform_the_step_is_compiled_for():
+    from test_preflight import require_libtpu
+
+    assert resolve_loss_impl("auto") == AUTO_LOSS_IMPL.get("cpu", "chunked")  # no mesh: the default backend
+    assert resolve_loss_impl("chunked") == "chunked" and resolve_loss_impl("fused") == "fused"
+    require_libtpu()
+    from sweeps import preflight
+
+    tpu = mesh_lib.make_mesh(MeshConfig(), preflight.topology_devices(preflight.parse_topology("v5e:2x2")))
+    with mesh_lib.activation_sharding(tpu, MeshConfig().rules):
+        assert resolve_loss_impl("auto") == "fused"  # a TPU program compiled ahead of time on this CPU
 
 
 def test_the_fused_loss_sharded_over_the_batch_equals_it_on_one_device(eight_devices):
@@ -128,7 +142,7 @@ def test_both_objectives_give_the_same_loss_and_gradient_with_either_impl(object
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1),
              "weights": jnp.ones((4, 32)).at[:, -3:].set(0.0), "input_mask": jnp.ones((4, 32))}
     results = []
-    for impl in LOSS_IMPLS:
+    for impl in ("chunked", "fused"):
         config = ModelConfig(depth=1, width=32, objective=objective, max_seq_len=32, loss_chunk_tokens=32,
                              loss_impl=impl)
         params = init_params(config, jax.random.PRNGKey(0))
@@ -149,7 +163,7 @@ def test_label_logits_loss_is_unchanged_by_the_loss_impl():
     batch = {"inputs": jnp.full((4, 5), 48).at[:, 0].set(259), "targets": jnp.zeros((4, 5), jnp.int32).at[:, 0].set(
         jnp.asarray([48, 49, 49, 48])), "weights": jnp.zeros((4, 5)).at[:, 0].set(1.0), "input_mask": jnp.ones((4, 5))}
     losses = []
-    for impl in LOSS_IMPLS:
+    for impl in ("chunked", "fused"):
         config = ModelConfig(depth=1, width=16, num_heads=1, objective="masked", max_seq_len=8, loss_impl=impl)
         losses.append(compute_loss(Transformer(config), init_params(config, jax.random.PRNGKey(0)), batch,
                                    label_ids=labels)[0])
@@ -159,7 +173,7 @@ def test_label_logits_loss_is_unchanged_by_the_loss_impl():
 def test_a_trainer_run_gives_the_same_losses_over_50_steps_with_either_impl(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_loss, "VOCAB_BLOCK", 128)  # the byte vocabulary's 384 ids in 3 blocks
     losses = {}
-    for impl in LOSS_IMPLS:
+    for impl in ("chunked", "fused"):
         base = tiny.config(steps=50, checkpoint_every=50, keep_checkpoints=1)
         config = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_impl=impl))
         tiny.run(config, tmp_path / impl)

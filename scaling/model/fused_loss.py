@@ -94,10 +94,17 @@ def kernel_blocks(kernel, block: int = VOCAB_BLOCK):
 
 
 def _block_logits(hidden, kernel_block, start, vocab_size: int):
-    """Logits [..., ids per block] of one block starting at id ``start``, padding ids at a large negative."""
-    logits = jnp.einsum("...d,dv->...v", hidden, kernel_block)
+    """Logits [ids per block, ...positions] of one block starting at id ``start``, padding ids at a large
+    negative. The block's ids lead, so the reductions over them need not reduce across a vector register's
+    lanes; libtpu's estimate of L6-d128's step (v5e:2x4) is 77.9 ms so against 78.6 ms with the ids last."""
+    logits = jnp.einsum("dv,...d->v...", kernel_block, hidden)
     real = start + jnp.arange(kernel_block.shape[-1]) < vocab_size
-    return jnp.where(real, logits, jnp.asarray(_PADDING_LOGIT, logits.dtype))
+    return jnp.where(_leading(real, logits.ndim), logits, jnp.asarray(_PADDING_LOGIT, logits.dtype))
+
+
+def _leading(vector, ndim: int):
+    """A [n] vector as [n, 1, ...] (``ndim`` dimensions), to broadcast along the leading axis."""
+    return vector.reshape(vector.shape + (1,) * (ndim - 1))
 
 
 def _slice_lse(hidden, blocks, targets, vocab_size: int):
@@ -109,11 +116,10 @@ def _slice_lse(hidden, blocks, targets, vocab_size: int):
         peak, total, target = carry
         kernel_block, start = xs
         logits = _block_logits(hidden, kernel_block, start, vocab_size)
-        new_peak = jnp.maximum(peak, logits.max(axis=-1).astype(jnp.float32))
-        total = total * jnp.exp(peak - new_peak) + jnp.exp(
-            logits.astype(jnp.float32) - new_peak[..., None]).sum(axis=-1)
+        new_peak = jnp.maximum(peak, logits.max(axis=0).astype(jnp.float32))
+        total = total * jnp.exp(peak - new_peak) + jnp.exp(logits.astype(jnp.float32) - new_peak).sum(axis=0)
         local = targets - start
-        picked = jnp.take_along_axis(logits, jnp.clip(local, 0, size - 1)[..., None], axis=-1)[..., 0]
+        picked = jnp.take_along_axis(logits, jnp.clip(local, 0, size - 1)[None], axis=0)[0]
         target = target + jnp.where((local >= 0) & (local < size), picked.astype(jnp.float32), 0.0)
         return (new_peak, total, target), None
 
@@ -136,12 +142,12 @@ def _slice_grads(hidden, blocks, kernel_grad, targets, scale, lse, vocab_size: i
     def block_grads(hidden_grad, xs):
         kernel_block, kernel_grad_block, start = xs
         logits = _block_logits(hidden, kernel_block, start, vocab_size)
-        probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
-        hot = (targets - start)[..., None] == jnp.arange(size)
-        logit_grad = ((probs - hot) * scale[..., None]).astype(kernel_block.dtype)
-        hidden_grad = hidden_grad + jnp.einsum("...v,dv->...d", logit_grad, kernel_block,
+        probs = jnp.exp(logits.astype(jnp.float32) - lse)
+        hot = targets - start == _leading(jnp.arange(size), logits.ndim)
+        logit_grad = ((probs - hot) * scale).astype(kernel_block.dtype)
+        hidden_grad = hidden_grad + jnp.einsum("v...,dv->...d", logit_grad, kernel_block,
                                                preferred_element_type=jnp.float32)
-        kernel_grad_block = kernel_grad_block + jnp.einsum("bpd,bpv->dv", hidden, logit_grad,
+        kernel_grad_block = kernel_grad_block + jnp.einsum("bpd,vbp->dv", hidden, logit_grad,
                                                            preferred_element_type=jnp.float32)
         return hidden_grad, kernel_grad_block
 

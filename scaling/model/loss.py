@@ -31,7 +31,7 @@ import optax
 
 from scaling.config import LOSS_IMPLS
 from scaling.model import fused_loss
-from scaling.model.mesh import activation_shards, constrain
+from scaling.model.mesh import active_mesh, activation_shards, constrain
 from scaling.model.transformer import _DTYPES, _PADDING_LOGIT, Transformer, unembed
 
 
@@ -143,6 +143,22 @@ def slice_positions(batch: int, length: int, chunk_tokens: int, batch_shards: in
     return min(length, max(1, chunk_tokens // rows))
 
 
+# ``loss_impl="auto"`` per platform: the impl the benchmarks favour there (TPU: the compiler's estimates in
+# benchmarks/loss_estimates.md; CPU: benchmarks/loss_impls.py, benchmarks/README.md). Elsewhere: chunked.
+AUTO_LOSS_IMPL = {"tpu": "fused"}
+
+
+def resolve_loss_impl(impl: str) -> str:
+    """``impl`` as the loss computes it: ``auto`` becomes ``AUTO_LOSS_IMPL``'s choice for the platform of the
+    mesh the step is traced for (``activation_sharding``'s; outside one, JAX's default backend), so a TPU
+    program compiled ahead of time on a CPU gets the TPU's choice."""
+    if impl != "auto":
+        return impl
+    mesh = active_mesh()
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    return AUTO_LOSS_IMPL.get(platform, "chunked")
+
+
 def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str,
                       chunk_tokens: int, impl: str = "chunked", vocab_block: int | None = None) -> jax.Array:
     """Σ weights · (−log p(target)) in nats over [batch, length] positions (float32 scalar).
@@ -160,13 +176,14 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     in float32. Slicing the sequence rather than the batch keeps each slice
     spread over the batch's shards. A device's rows of at most
     ``chunk_tokens`` tokens are computed in one piece.
-    ``impl`` (``ModelConfig.loss_impl``): ``chunked`` forms a slice's logits
-    over the whole vocabulary; ``fused`` (``scaling.model.fused_loss``) also
+    ``impl`` (``ModelConfig.loss_impl``, ``auto`` resolved by ``resolve_loss_impl``):
+    ``chunked`` forms a slice's logits over the whole vocabulary; ``fused`` (``scaling.model.fused_loss``) also
     cuts the vocabulary into blocks of at most ``vocab_block`` ids
     (default ``fused_loss.VOCAB_BLOCK``).
     """
     if impl not in LOSS_IMPLS:
         raise ValueError(f"impl={impl!r} is invalid: allowed one of {', '.join(LOSS_IMPLS)}")
+    impl = resolve_loss_impl(impl)
     dtype = _DTYPES[compute_dtype]
     kernel = constrain(kernel.astype(dtype), (None, "vocab"))
     hidden = hidden.astype(dtype)
