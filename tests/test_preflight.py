@@ -154,17 +154,26 @@ def test_scanned_costs_match_an_unrolled_compile(small_row, devices):
     assert small_row["bound"] in ("compute", "memory", "collectives")
 
 
-def test_sliced_loss_costs_count_every_slice(devices):
+def test_sliced_loss_costs_count_every_slice(devices, monkeypatch):
     # 2 rows per chip, 64 tokens a slice: 2 slices of 32 positions. The compiler
     # counts the slice loop's body once; counted by its trip count, the step
     # costs what one unsliced loss costs, plus the slices' logits recomputed in
     # the backward pass (a forward unembedding).
     base = small(batch_size=8)
+    base = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_impl="chunked"))
     sliced = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_chunk_tokens=64))
     whole = check("whole", base, devices)
     corrected = check("sliced", sliced, devices)
     assert corrected["loops_counted"] == whole["loops_counted"] + 2  # the slice loop, forward and backward
     assert whole["flops"] <= corrected["flops"] <= 1.08 * whole["flops"]
+    # The fused loss's vocabulary blocks are loops inside the slice loop: every block of every slice counts.
+    from scaling.model import fused_loss
+
+    monkeypatch.setattr(fused_loss, "VOCAB_BLOCK", 128)  # the 384 padded byte ids in 3 blocks
+    fused = check("fused", dataclasses.replace(sliced, model=dataclasses.replace(sliced.model, loss_impl="fused")),
+                  devices)
+    assert fused["loops_uncounted"] == 0 and fused["loops_counted"] == whole["loops_counted"] + 4
+    assert whole["flops"] <= fused["flops"] <= 1.08 * whole["flops"]
 
 
 def test_flash_attention_compiles_for_tpu_and_its_kernels_are_counted(devices):
