@@ -13,7 +13,7 @@ import tiny
 from model_params import init_params
 from scaling.config import LOSS_IMPLS, MeshConfig, ModelConfig, TrainConfig, config_id
 from scaling.model import fused_loss, mesh as mesh_lib
-from scaling.model.loss import AUTO_LOSS_IMPL, compute_loss, cross_entropy_sum, resolve_loss_impl
+from scaling.model.loss import compute_loss, cross_entropy_sum, resolve_loss_impl
 from scaling.model.transformer import Transformer, padded_vocab_size
 from scaling.store.metrics_log import read_metrics
 
@@ -104,17 +104,18 @@ def test_the_loss_impl_is_not_part_of_the_run_id():
             == config_id(base)
 
 
-def test_auto_is_the_impl_of_the_platform_the_step_is_compiled_for():
+def test_auto_is_fused_on_tpu_when_a_devices_tokens_outnumber_its_width_and_chunked_elsewhere():
     from test_preflight import require_libtpu
 
-    assert resolve_loss_impl("auto") == AUTO_LOSS_IMPL.get("cpu", "chunked")  # no mesh: the default backend
-    assert resolve_loss_impl("chunked") == "chunked" and resolve_loss_impl("fused") == "fused"
+    assert resolve_loss_impl("auto", 32768, 128) == "chunked"  # no mesh: this CPU
+    assert resolve_loss_impl("chunked", 32768, 128) == "chunked" and resolve_loss_impl("fused", 1, 1) == "fused"
     require_libtpu()
     from sweeps import preflight
 
     tpu = mesh_lib.make_mesh(MeshConfig(), preflight.topology_devices(preflight.parse_topology("v5e:2x2")))
-    with mesh_lib.activation_sharding(tpu, MeshConfig().rules):
-        assert resolve_loss_impl("auto") == "fused"  # a TPU program compiled ahead of time on this CPU
+    with mesh_lib.activation_sharding(tpu, MeshConfig().rules):  # a TPU program compiled ahead of time here
+        assert resolve_loss_impl("auto", 32768, 128) == "fused"  # the paper sweep's L6-d128 on v5e:2x4
+        assert resolve_loss_impl("auto", 2048, 2048) == "chunked"  # GPT-3 XL at fsdp=256
 
 
 def test_the_fused_loss_sharded_over_the_batch_equals_it_on_one_device(eight_devices):

@@ -143,20 +143,25 @@ def slice_positions(batch: int, length: int, chunk_tokens: int, batch_shards: in
     return min(length, max(1, chunk_tokens // rows))
 
 
-# ``loss_impl="auto"`` per platform: the impl the benchmarks favour there (TPU: the compiler's estimates in
-# benchmarks/loss_estimates.md; CPU: benchmarks/loss_impls.py, benchmarks/README.md). Elsewhere: chunked.
-AUTO_LOSS_IMPL = {"tpu": "fused"}
+# ``loss_impl="auto"``: fused on TPU when a device's tokens outnumber the width ``FUSED_TOKENS_PER_CHANNEL``
+# times or more, chunked otherwise. libtpu's estimates (benchmarks/loss_estimates.md, v5e) price the fused
+# loss cheaper for the paper sweep's L6 rows (32,768 tokens per chip, d = 128..320: 100..256 tokens per
+# channel) and dearer for GPT-3 XL at fsdp=256 (2,048 tokens per chip, d = 2048: 1 per channel), where the
+# loss is a small part of the step and the blocked kernel's copies and float32 gradient cost more than the
+# logits they spare; on a CPU the fused loss measured no faster (benchmarks/README.md).
+FUSED_TOKENS_PER_CHANNEL = 64  # measured: >= 102 cheaper fused, 1 dearer; between untested, so set high
 
 
-def resolve_loss_impl(impl: str) -> str:
-    """``impl`` as the loss computes it: ``auto`` becomes ``AUTO_LOSS_IMPL``'s choice for the platform of the
-    mesh the step is traced for (``activation_sharding``'s; outside one, JAX's default backend), so a TPU
-    program compiled ahead of time on a CPU gets the TPU's choice."""
+def resolve_loss_impl(impl: str, device_tokens: int = 0, width: int = 1) -> str:
+    """``impl`` as the loss computes it for ``device_tokens`` positions per device of ``width`` channels:
+    ``auto`` becomes ``fused`` on a TPU when ``device_tokens >= FUSED_TOKENS_PER_CHANNEL * width`` and
+    ``chunked`` otherwise. The platform is that of the mesh the step is traced for (``activation_sharding``'s;
+    outside one, JAX's default backend), so a TPU program compiled ahead of time on a CPU gets the TPU's."""
     if impl != "auto":
         return impl
     mesh = active_mesh()
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    return AUTO_LOSS_IMPL.get(platform, "chunked")
+    return "fused" if platform == "tpu" and device_tokens >= FUSED_TOKENS_PER_CHANNEL * width else "chunked"
 
 
 def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str,
@@ -176,19 +181,20 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     in float32. Slicing the sequence rather than the batch keeps each slice
     spread over the batch's shards. A device's rows of at most
     ``chunk_tokens`` tokens are computed in one piece.
-    ``impl`` (``ModelConfig.loss_impl``, ``auto`` resolved by ``resolve_loss_impl``):
+    ``impl`` (``ModelConfig.loss_impl``; ``auto`` as ``resolve_loss_impl`` decides for this shape):
     ``chunked`` forms a slice's logits over the whole vocabulary; ``fused`` (``scaling.model.fused_loss``) also
     cuts the vocabulary into blocks of at most ``vocab_block`` ids
     (default ``fused_loss.VOCAB_BLOCK``).
     """
     if impl not in LOSS_IMPLS:
         raise ValueError(f"impl={impl!r} is invalid: allowed one of {', '.join(LOSS_IMPLS)}")
-    impl = resolve_loss_impl(impl)
     dtype = _DTYPES[compute_dtype]
     kernel = constrain(kernel.astype(dtype), (None, "vocab"))
     hidden = hidden.astype(dtype)
-    batch, length, _ = hidden.shape
-    chunk = slice_positions(batch, length, chunk_tokens, activation_shards("batch", batch))
+    batch, length, width = hidden.shape
+    shards = activation_shards("batch", batch)
+    impl = resolve_loss_impl(impl, max(1, batch // shards) * length, width)
+    chunk = slice_positions(batch, length, chunk_tokens, shards)
     if chunk == length and impl == "chunked":
         return _slice_loss_sum(hidden, kernel, targets, weights, vocab_size)
     chunks = -(-length // chunk)
