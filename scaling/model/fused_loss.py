@@ -20,10 +20,11 @@ than one block's logits of one slice of positions:
 This is the blockwise scheme of Cut Cross-Entropy ("Cut Your Losses in
 Large-Vocabulary Language Models", Wijmans et al., ICLR 2025, section 4)
 written in plain JAX, so it runs on every backend and serves as the
-reference for a kernel. Plain JAX cannot keep a block's logits on chip
-between the matmul and the reductions that read it: XLA writes each block to
-memory and reads it back, as it does the chunked loss's slices, but in
-pieces small enough that the peak memory stays one block.
+reference for a kernel. Plain JAX still leaves XLA three passes over each
+block's logits (the matmul with the block's maximum, the sum of exponentials,
+and the backward pass's softmax gradient), which libtpu prices at about what
+the chunked loss's passes cost per logit (``benchmarks/loss_estimates.md``);
+what changes is the peak memory, one block, and some of the passes' cost.
 
 Per-position weights, the padded vocabulary (ids at or beyond ``vocab_size``
 get the chunked loss's large negative logit: zero probability, zero
