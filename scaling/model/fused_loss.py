@@ -32,9 +32,9 @@ gradient) and any sharding of the batch work as in the chunked loss; the
 kernel's vocabulary is padded further with zero columns, also masked, so that
 it cuts into equal blocks (multiples of 128 ids, the TPU's lane width).
 
-Why not Tokamax's Pallas TPU kernel (``tokamax``, 0.0.12,
-``linear_softmax_cross_entropy_loss`` / ``pallas_mosaic_tpu``) here, read
-from its source against this project's loss:
+Why not Tokamax's Pallas TPU kernel (``tokamax`` 0.0.12 from the package
+index, ``linear_softmax_cross_entropy_loss``, ``pallas_mosaic_tpu*.py``) here,
+read from its source against this project's loss:
 
 - it sums or averages the loss of every row: no per-position weights, which
   the padding of documents, the masked objective and the loss's own slice
@@ -45,9 +45,8 @@ from its source against this project's loss:
   with weight e^0 and take gradient, and slicing the kernel to the real
   vocabulary (50,261) leaves a last block it pads with zero columns, the same
   error; the loss would differ from this project's by log(1 + pad·e^{-lse});
-- its blocks of hidden width must be multiples of 128 dividing the width
-  (at least 128): the paper sweep's widths are multiples of 64, so d = 192,
-  320, ... have no valid block; its row block is at least 1,024 rows;
+- its rows must be a multiple of its row block, at least 1,024 rows (a
+  width that is not a multiple of its width block, e.g. d = 192, it masks);
 - it takes one device's [rows, width] and [width, vocab] (no sharding rules:
   it would need a ``shard_map`` over the batch), picks its block sizes by
   asking the TPU it runs on (``pltpu.get_tpu_info``, so the preflight's
