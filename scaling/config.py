@@ -47,6 +47,11 @@ Block = Literal["gpt", "llama"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "gelu_exact", "swiglu"]
 AttentionScale = Literal["standard", "log_length"]
 AttentionImpl = Literal["xla", "flash"]
+# How the loss forms the logits (``scaling.model.loss.cross_entropy_sum``): ``chunked``, a slice of positions
+# over the whole vocabulary at a time; ``fused``, also in blocks of the vocabulary (``scaling.model.fused_loss``);
+# ``auto``, the one measured faster on the platform the step is compiled for (``scaling.model.loss.resolve_loss_impl``).
+LOSS_IMPLS = ("auto", "chunked", "fused")
+LossImpl = Literal[LOSS_IMPLS]
 Dtype = Literal["float32", "bfloat16"]
 # How initialisation, rates and multipliers follow width and depth (``OptimConfig``, ``scaling.model.parametrization``).
 Parametrization = Literal["standard", "mup", "completep"]
@@ -113,6 +118,9 @@ class ModelConfig:
     # (micro)batch at a time (``scaling.model.loss.cross_entropy_sum``): memory, not
     # results, depends on it.
     loss_chunk_tokens: PositiveInt = 8192
+    # ``auto``, ``chunked`` or ``fused`` (``LOSS_IMPLS``): the same loss computed two ways, so not part of the
+    # run id. ``fused`` never forms more than one vocabulary block of a slice's logits (scaling/model/fused_loss.py).
+    loss_impl: LossImpl = "auto"
 
     def __post_init__(self):
         if self.num_heads is not None:
@@ -462,13 +470,13 @@ def _near(key: str, data: dict) -> str:
 
 # Fields that do not change what a run computes: two configs differing only
 # here describe the same experiment (same run id, same results). Dotted names
-# reach into sections. ``microbatches``, ``model.loss_chunk_tokens`` and
+# reach into sections. ``microbatches``, ``model.loss_chunk_tokens``, ``model.loss_impl`` and
 # ``model.attention_impl`` change only how a step is computed (float rounding
 # aside; with dropout, microbatches also draw different dropout noise), never
 # the data or the model.
 _PRESENTATION_FIELDS = ("name", "wandb_mode", "wandb_project", "sweep_name", "log_every", "peak_flops",
                         "checkpoint_every", "keep_checkpoints", "mesh", "data.cache_dir", "eval_at_start",
-                        "microbatches", "model.loss_chunk_tokens", "model.attention_impl")
+                        "microbatches", "model.loss_chunk_tokens", "model.attention_impl", "model.loss_impl")
 
 # Fields added after run records were first committed, with the value that
 # reproduces the old behaviour. A config holding that value hashes exactly as

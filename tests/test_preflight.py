@@ -154,17 +154,26 @@ def test_scanned_costs_match_an_unrolled_compile(small_row, devices):
     assert small_row["bound"] in ("compute", "memory", "collectives")
 
 
-def test_sliced_loss_costs_count_every_slice(devices):
+def test_sliced_loss_costs_count_every_slice(devices, monkeypatch):
     # 2 rows per chip, 64 tokens a slice: 2 slices of 32 positions. The compiler
     # counts the slice loop's body once; counted by its trip count, the step
     # costs what one unsliced loss costs, plus the slices' logits recomputed in
     # the backward pass (a forward unembedding).
     base = small(batch_size=8)
+    base = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_impl="chunked"))
     sliced = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_chunk_tokens=64))
     whole = check("whole", base, devices)
     corrected = check("sliced", sliced, devices)
     assert corrected["loops_counted"] == whole["loops_counted"] + 2  # the slice loop, forward and backward
     assert whole["flops"] <= corrected["flops"] <= 1.08 * whole["flops"]
+    # The fused loss's vocabulary blocks are loops inside the slice loop: every block of every slice counts.
+    from scaling.model import fused_loss
+
+    monkeypatch.setattr(fused_loss, "VOCAB_BLOCK", 128)  # the 384 padded byte ids in 3 blocks
+    fused = check("fused", dataclasses.replace(sliced, model=dataclasses.replace(sliced.model, loss_impl="fused")),
+                  devices)
+    assert fused["loops_uncounted"] == 0 and fused["loops_counted"] == whole["loops_counted"] + 4
+    assert whole["flops"] <= fused["flops"] <= 1.08 * whole["flops"]
 
 
 def test_flash_attention_compiles_for_tpu_and_its_kernels_are_counted(devices):
@@ -418,3 +427,40 @@ def test_the_cheapest_remat_policy_that_fits_is_found_cheapest_first():
     tried.clear()
     none = dataclasses.replace(config, model=dataclasses.replace(config.model, remat="none"))
     assert preflight.cheapest_remat(none, fits_from({"none"})) is None and tried == []  # already the cheapest
+
+
+def _pallas_step(devices, cost_estimate) -> str:
+    """The compiled TPU HLO of one Pallas kernel (it doubles a [256, 256] array), with or without a declared
+    ``pl.CostEstimate``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import pallas as pl
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    def double(x_ref, out_ref):
+        out_ref[...] = 2.0 * x_ref[...]
+
+    kernel = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32), name="doubler",
+                            cost_estimate=cost_estimate)
+    one = NamedSharding(Mesh(np.asarray(devices[:1]), ("x",)), PartitionSpec())
+    abstract = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=one)
+    return jax.jit(kernel, out_shardings=one).lower(abstract).compile().as_text()
+
+
+def test_a_pallas_kernel_is_priced_by_its_declared_cost_estimate_and_never_as_free(devices):
+    from jax.experimental import pallas as pl
+
+    from sweeps.preflight import kernels, roofline
+
+    chip = topology_lib.CHIPS["v5e"]
+    declared = pl.CostEstimate(flops=3_000_000_000, transcendentals=0, bytes_accessed=524_288)
+    priced = roofline.step_estimate(_pallas_step(devices, declared), chip, devices[:1],
+                                    kernels.kernel_cost(ModelConfig()))
+    (name, (calls, flops)), = priced.kernels.items()
+    assert name == "doubler" + kernels.DECLARED and kernels.cost_source(name) == "cost estimate"
+    assert (calls, flops) == (1, 3e9) and priced.step_seconds >= 3e9 / chip.bf16_flops
+    assert kernels.cost_source("splash_mha_fwd") == "stated model"
+    unpriced = roofline.step_estimate(_pallas_step(devices, None), chip, devices[:1],
+                                      kernels.kernel_cost(ModelConfig()))
+    assert unpriced.kernels_uncounted and unpriced.step_seconds is None  # unknown, not free

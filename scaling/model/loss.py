@@ -29,7 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from scaling.model.mesh import activation_shards, constrain
+from scaling.config import LOSS_IMPLS
+from scaling.model import fused_loss
+from scaling.model.mesh import active_mesh, activation_shards, constrain
 from scaling.model.transformer import _DTYPES, _PADDING_LOGIT, Transformer, unembed
 
 
@@ -141,8 +143,29 @@ def slice_positions(batch: int, length: int, chunk_tokens: int, batch_shards: in
     return min(length, max(1, chunk_tokens // rows))
 
 
+# ``loss_impl="auto"``: fused on TPU when a device's tokens outnumber the width ``FUSED_TOKENS_PER_CHANNEL``
+# times or more, chunked otherwise. libtpu's estimates (benchmarks/loss_estimates.md, v5e) price the fused
+# loss cheaper for the paper sweep's L6 rows (32,768 tokens per chip, d = 128..320: 100..256 tokens per
+# channel) and dearer for GPT-3 XL at fsdp=256 (2,048 tokens per chip, d = 2048: 1 per channel), where the
+# loss is a small part of the step and the blocked kernel's copies and float32 gradient cost more than the
+# logits they spare; on a CPU the fused loss measured no faster (benchmarks/README.md).
+FUSED_TOKENS_PER_CHANNEL = 64  # measured: >= 102 cheaper fused, 1 dearer; between untested, so set high
+
+
+def resolve_loss_impl(impl: str, device_tokens: int = 0, width: int = 1) -> str:
+    """``impl`` as the loss computes it for ``device_tokens`` positions per device of ``width`` channels:
+    ``auto`` becomes ``fused`` on a TPU when ``device_tokens >= FUSED_TOKENS_PER_CHANNEL * width`` and
+    ``chunked`` otherwise. The platform is that of the mesh the step is traced for (``activation_sharding``'s;
+    outside one, JAX's default backend), so a TPU program compiled ahead of time on a CPU gets the TPU's."""
+    if impl != "auto":
+        return impl
+    mesh = active_mesh()
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    return "fused" if platform == "tpu" and device_tokens >= FUSED_TOKENS_PER_CHANNEL * width else "chunked"
+
+
 def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str,
-                      chunk_tokens: int) -> jax.Array:
+                      chunk_tokens: int, impl: str = "chunked", vocab_block: int | None = None) -> jax.Array:
     """Σ weights · (−log p(target)) in nats over [batch, length] positions (float32 scalar).
 
     ``hidden`` [batch, length, width] are the final hidden states, ``kernel``
@@ -158,13 +181,21 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     in float32. Slicing the sequence rather than the batch keeps each slice
     spread over the batch's shards. A device's rows of at most
     ``chunk_tokens`` tokens are computed in one piece.
+    ``impl`` (``ModelConfig.loss_impl``; ``auto`` as ``resolve_loss_impl`` decides for this shape):
+    ``chunked`` forms a slice's logits over the whole vocabulary; ``fused`` (``scaling.model.fused_loss``) also
+    cuts the vocabulary into blocks of at most ``vocab_block`` ids
+    (default ``fused_loss.VOCAB_BLOCK``).
     """
+    if impl not in LOSS_IMPLS:
+        raise ValueError(f"impl={impl!r} is invalid: allowed one of {', '.join(LOSS_IMPLS)}")
     dtype = _DTYPES[compute_dtype]
     kernel = constrain(kernel.astype(dtype), (None, "vocab"))
     hidden = hidden.astype(dtype)
-    batch, length, _ = hidden.shape
-    chunk = slice_positions(batch, length, chunk_tokens, activation_shards("batch", batch))
-    if chunk == length:
+    batch, length, width = hidden.shape
+    shards = activation_shards("batch", batch)
+    impl = resolve_loss_impl(impl, max(1, batch // shards) * length, width)
+    chunk = slice_positions(batch, length, chunk_tokens, shards)
+    if chunk == length and impl == "chunked":
         return _slice_loss_sum(hidden, kernel, targets, weights, vocab_size)
     chunks = -(-length // chunk)
     padding = chunks * chunk - length  # extra positions carry weight 0
@@ -176,6 +207,9 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     def slices(array):  # [batch, chunks * chunk, ...] -> [chunks, batch, chunk, ...]
         return jnp.moveaxis(array.reshape(batch, chunks, chunk, *array.shape[2:]), 1, 0)
 
+    if impl == "fused":
+        blocks = fused_loss.kernel_blocks(kernel, vocab_block or fused_loss.VOCAB_BLOCK)
+        return fused_loss.fused_loss_sum(slices(hidden), blocks, slices(targets), slices(weights), vocab_size)
     return _sliced_loss_sum(slices(hidden), kernel, slices(targets), slices(weights), vocab_size)
 
 
@@ -230,7 +264,8 @@ def loss_sums(model: Transformer, params, batch: dict, *, dropout_rng, determini
         loss_sum, correct = label_cross_entropy_sums(hidden, kernel, targets, weights, label_ids, cfg.compute_dtype)
     else:
         loss_sum = cross_entropy_sum(hidden, kernel, targets, weights, vocab_size=cfg.vocab_size,
-                                     compute_dtype=cfg.compute_dtype, chunk_tokens=cfg.loss_chunk_tokens)
+                                     compute_dtype=cfg.compute_dtype, chunk_tokens=cfg.loss_chunk_tokens,
+                                     impl=cfg.loss_impl)
         correct = jnp.zeros((), jnp.float32)
     return {"loss_sum": loss_sum, "tokens": weights.sum(), "correct": correct}
 

@@ -33,7 +33,9 @@ What is reported per run, and where each number comes from:
   (``loops_uncounted`` > 0) or a kernel it cannot price
   (``kernels_uncounted``) makes every figure below None ("unknown" in the
   table), never a guess. Pallas kernels carry no cost in the HLO: the
-  attention kernels are counted analytically (``kernels_analytic``).
+  attention kernels are counted by a stated model, any other kernel by the
+  ``pl.CostEstimate`` it declares (``kernels_analytic``: calls per kernel;
+  ``kernel_cost_sources``: which of the two priced it; ``sweeps.preflight.kernels``).
 - ``estimated_step_seconds``: the roofline of ``sweeps.preflight.roofline`` (per-op
   max(FLOPs / peak, bytes / bandwidth), collectives on the links of their
   mesh axis, overlapped as the compiled schedule allows), with ``bound``
@@ -286,6 +288,7 @@ def estimate_fields(config: TrainConfig, estimate: roofline.StepEstimate, chips:
             "mfu_upper_bound": mfu(estimate.flops / chip.bf16_flops if estimate.flops else None),
             "loops_counted": estimate.loops_counted, "loops_uncounted": estimate.loops_uncounted,
             "kernels_analytic": {name: calls for name, (calls, _) in estimate.kernels.items()},
+            "kernel_cost_sources": {name: kernels.cost_source(name) for name in estimate.kernels},
             "kernels_uncounted": estimate.kernels_uncounted,
             "collectives": {kind: {"count": c, "buffer_bytes": b, "bytes_sent": s, "seconds": t}
                             for kind, (c, b, s, t) in estimate.collectives.items()}}

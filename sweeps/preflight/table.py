@@ -98,9 +98,11 @@ def format_table(rows: list[dict], summary: dict | None = None) -> str:
         text.append("parallelism: the cheapest mode that fits among data (parameters replicated), fsdp (sharded) and "
                     "packed×k (k runs of the shape as one program, one per group of chips), and a run's seconds per "
                     "step in it, roofline..compiler (a pack's step over its k runs; sweeps/preflight/parallelism.py)")
-    if any(row.get("kernels_analytic") for row in rows):
-        text.append("attention kernels (Pallas custom calls) carry no cost analysis: counted analytically "
-                    "(sweeps/preflight/kernels.py)")
+    sources = sorted({source for row in rows for source in (row.get("kernel_cost_sources") or {}).values()})
+    if sources or any(row.get("kernels_analytic") for row in rows):
+        text.append("Pallas kernels (custom calls) carry no cost analysis in the HLO: priced by "
+                    f"{' and by '.join(sources or ['stated model'])} (attention: a stated model; others: the "
+                    "pl.CostEstimate they declare; sweeps/preflight/kernels.py)")
     if summary:
         hours = ("unknown chip-hours (a loop or kernel left uncounted)" if summary.get("chip_hours") is None else
                  f"{summary['chip_hours']:.1f} chip-hours, {summary['wall_hours']:.1f} h wall")
