@@ -148,6 +148,7 @@ def _linearization(model_config, multipliers):
     import jax
     import jax.numpy as jnp
 
+    from scaling.model.cpu_matmul import plain_products
     from scaling.model.transformer import Block
 
     block = Block(dataclasses.replace(model_config, scan_layers=False), multipliers=multipliers)
@@ -157,8 +158,9 @@ def _linearization(model_config, multipliers):
             return block.apply({"params": params}, inputs, None)[0] - inputs
 
         moved = jax.tree_util.tree_map(lambda new, old: new - old, later, initial)
-        start, linear = jax.jvp(change, (initial,), (moved,))
-        total = change(later) - start
+        with plain_products():  # traced here: jax.jvp is forward mode, which the CPU product's custom VJP lacks
+            start, linear = jax.jvp(change, (initial,), (moved,))
+            total = change(later) - start
         return jnp.sqrt(jnp.mean((total - linear) ** 2)) / jnp.sqrt(jnp.mean(total ** 2))
 
     return jax.jit(distance)

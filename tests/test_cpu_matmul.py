@@ -52,11 +52,20 @@ def test_other_products_are_left_to_xla():
     assert "optimization_barrier" not in str(jaxpr)
 
 
-def test_only_the_cpu_gets_it(monkeypatch):
+def test_only_a_one_device_cpu_program_gets_it(monkeypatch, eight_devices):
+    from scaling.config import MeshConfig
+    from scaling.model import mesh as mesh_lib
+
     assert cpu_matmul.dot_general_for("cpu") is cpu_matmul.weight_grad_friendly_dot_general
     assert cpu_matmul.dot_general_for("tpu") is None and cpu_matmul.dot_general_for("gpu") is None
-    monkeypatch.setattr(cpu_matmul, "TRANSPOSED_WEIGHT_GRAD_ON_CPU", False)
-    assert cpu_matmul.dot_general_for("cpu") is None
+    for devices, expected in ((eight_devices[:1], cpu_matmul.weight_grad_friendly_dot_general),
+                              (eight_devices, None)):  # several CPU devices stand in for a TPU slice
+        mesh = mesh_lib.make_mesh(MeshConfig(fsdp=len(devices)), devices)
+        with mesh_lib.activation_sharding(mesh, {}):
+            assert cpu_matmul.dot_general_for("cpu") is expected
+    with cpu_matmul.plain_products():
+        assert cpu_matmul.dot_general_for("cpu") is None
+    assert cpu_matmul.dot_general_for("cpu") is cpu_matmul.weight_grad_friendly_dot_general
 
 
 def test_the_trainers_cpu_step_uses_it():

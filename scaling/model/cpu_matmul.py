@@ -11,20 +11,25 @@ copy costs one pass over ``x``, a few percent of the product.
 
 ``dot_general_for(platform)`` hands Flax's ``Dense`` layers (their
 ``dot_general`` attribute) a product whose custom backward pass writes ``xᵀ``
-behind an optimization barrier, so XLA cannot fold it back, on the CPU only:
-on TPUs and GPUs the compiler picks layouts for its own matrix units, and the
-plain product is left alone there. The forward pass and ``dx = dy @ wᵀ`` are
+behind an optimization barrier, so XLA cannot fold it back, in one-device CPU
+programs only: on TPUs and GPUs the compiler picks layouts for its own matrix
+units, and the plain product is left alone there. A custom VJP has no
+forward-mode derivative: code that needs ``jax.jvp`` traces the model inside
+``plain_products()``. The forward pass and ``dx = dy @ wᵀ`` are
 the plain products; only the summation order of ``dw`` may differ in the last
 bits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
+from scaling.model.mesh import active_mesh
 
 
 @jax.custom_vjp
@@ -76,5 +81,25 @@ TRANSPOSED_WEIGHT_GRAD_ON_CPU = True
 
 
 def dot_general_for(platform: str) -> Callable | None:
-    """The ``dot_general`` a Flax layer should use when compiled for ``platform`` (None: Flax's default)."""
-    return weight_grad_friendly_dot_general if platform == "cpu" and TRANSPOSED_WEIGHT_GRAD_ON_CPU else None
+    """The ``dot_general`` a Flax layer should use when compiled for ``platform`` (None: Flax's default).
+
+    Only a one-device CPU program gets the CPU product: meshes of several CPU
+    devices stand in for TPU slices (tests, the preflight's rehearsals), so
+    they keep the program, and the collectives, that a TPU gets.
+    """
+    if platform != "cpu" or not TRANSPOSED_WEIGHT_GRAD_ON_CPU:
+        return None
+    mesh = active_mesh()
+    return weight_grad_friendly_dot_general if mesh is None or mesh.devices.size == 1 else None
+
+
+@contextlib.contextmanager
+def plain_products():
+    """Trace with XLA's own product inside this block: for forward-mode autodiff (``jax.jvp``, ``jax.linearize``),
+    which a custom VJP does not support. The values are the same; only the backward pass's speed differs."""
+    global TRANSPOSED_WEIGHT_GRAD_ON_CPU
+    setting, TRANSPOSED_WEIGHT_GRAD_ON_CPU = TRANSPOSED_WEIGHT_GRAD_ON_CPU, False
+    try:
+        yield
+    finally:
+        TRANSPOSED_WEIGHT_GRAD_ON_CPU = setting
