@@ -89,24 +89,37 @@ def matmuls(width: int, repeats: int) -> list[dict]:
     return rows
 
 
-def causal_blocks(depth: int, width: int, rounds: int) -> dict:
-    """Median ms per train step with causal query blocks and with the whole square, built and timed in turn."""
-    from scaling.model import attention
+def _built_each_way(module, switch: str, values: dict, depth: int, width: int) -> dict:
+    """The benchmark's train step built once per value of ``module.switch`` (read while tracing), by label."""
     from scaling.model import program as program_lib
 
-    built = {}
-    blocks = attention.CAUSAL_QUERY_BLOCKS
+    built, setting = {}, getattr(module, switch)
     try:
-        for label, limit in (("square", 1), ("blocked", blocks)):
-            attention.CAUSAL_QUERY_BLOCKS = limit
-            program_lib.forget_programs()  # a fresh trace: the limit is read while tracing
+        for label, value in values.items():
+            setattr(module, switch, value)
+            program_lib.forget_programs()  # a fresh trace: the switch is read while tracing
             built[label] = throughput.Ours(depth, width, scan_layers=depth > throughput.UNROLL_UP_TO_DEPTH)
     finally:
-        attention.CAUSAL_QUERY_BLOCKS = blocks
+        setattr(module, switch, setting)
+    return built
+
+
+def _alternating_ms(built: dict, rounds: int) -> dict:
+    """ms per step of each built step, timed in turn, 2 steps at a time, ``rounds`` times: label -> list."""
     times = {label: [] for label in built}
     for _ in range(rounds):
         for label, ours in built.items():
             times[label].append(ours.run(2) / 2 * 1e3)
+    return times
+
+
+def causal_blocks(depth: int, width: int, rounds: int) -> dict:
+    """Median ms per train step with causal query blocks and with the whole square, built and timed in turn."""
+    from scaling.model import attention
+
+    built = _built_each_way(attention, "CAUSAL_QUERY_BLOCKS", {"square": 1, "blocked": attention.CAUSAL_QUERY_BLOCKS},
+                            depth, width)
+    times = _alternating_ms(built, rounds)
     square, blocked = statistics.median(times["square"]), statistics.median(times["blocked"])
     return {"config": f"{depth}x{width}", "blocks": attention.causal_query_blocks(throughput.SEQ_LEN),
             "square_ms": square, "blocked_ms": blocked, "speedup": square / blocked}
@@ -146,21 +159,10 @@ def weight_grad(depth: int, width: int, rounds: int, loss_steps: int = 50) -> di
     import numpy as np
 
     from scaling.model import cpu_matmul
-    from scaling.model import program as program_lib
 
-    built = {}
-    setting = cpu_matmul.TRANSPOSED_WEIGHT_GRAD_ON_CPU
-    try:
-        for label, transposed in (("plain", False), ("transposed", True)):
-            cpu_matmul.TRANSPOSED_WEIGHT_GRAD_ON_CPU = transposed
-            program_lib.forget_programs()  # a fresh trace: the switch is read while tracing
-            built[label] = throughput.Ours(depth, width, scan_layers=depth > throughput.UNROLL_UP_TO_DEPTH)
-    finally:
-        cpu_matmul.TRANSPOSED_WEIGHT_GRAD_ON_CPU = setting
-    times = {label: [] for label in built}
-    for _ in range(rounds):
-        for label, ours in built.items():
-            times[label].append(ours.run(2) / 2 * 1e3)
+    built = _built_each_way(cpu_matmul, "TRANSPOSED_WEIGHT_GRAD_ON_CPU", {"plain": False, "transposed": True},
+                            depth, width)
+    times = _alternating_ms(built, rounds)
     losses = {label: [] for label in built}
     for label, ours in built.items():
         state = ours.fresh_state()
