@@ -163,9 +163,10 @@ def cmd_list(sweep: Sweep, args) -> int:
 
 def _throughput(states: list[RunState]) -> float | None:
     """FLOP/s the finished runs reached in wall time (``wall_seconds``: compiling, evaluation and the rest
-    included), so that estimates from it are of the time a sweep takes."""
+    included), so that estimates from it are of the time a sweep takes. A packed run's ``wall_seconds`` is
+    its whole pack's, so it counts for its share of it (``pack_size``), not once per run."""
     done = [s for s in states if s.status == "finished" and (s.record or {}).get("wall_seconds")]
-    seconds = sum(s.record["wall_seconds"] for s in done)
+    seconds = sum(s.record["wall_seconds"] / max(1, int(s.record.get("pack_size") or 1)) for s in done)
     return sum(s.spec.flops for s in done) / seconds if seconds > 0 else None
 
 

@@ -543,3 +543,21 @@ def test_each_command_keeps_its_own_workdir_default():
     assert parser.parse_args(["preflight", "sweeps/configs/smoke.py", "--topology", "v5e:2x4"]).workdir is None
     for command in ("list", "dry-run", "run", "status"):
         assert parser.parse_args([command, "sweeps/configs/smoke.py"]).workdir == "runs", command
+
+
+def test_a_packs_wall_time_is_counted_once_not_once_per_run():
+    """Each run of a pack records the pack's wall time; the dry run's speed divides it by the pack's size,
+    so 15 runs trained together in 300 s count as 300 s, not 4,500 s."""
+    from types import SimpleNamespace
+
+    from sweeps.state import RunState
+
+    def finished(pack_size, wall):
+        return RunState(SimpleNamespace(flops=1e12), "finished", None,
+                        {"wall_seconds": wall, "pack_size": pack_size})
+
+    packed = [finished(15, 300.0) for _ in range(15)]
+    assert launch._throughput(packed) == pytest.approx(15 * 1e12 / 300.0)
+    without_the_field = RunState(SimpleNamespace(flops=1e12), "finished", None, {"wall_seconds": 20.0})
+    alone = [finished(1, 20.0), without_the_field]  # records from before pack_size count whole
+    assert launch._throughput(alone) == pytest.approx(2e12 / 40.0)
