@@ -36,21 +36,40 @@ import re
 import sys
 from pathlib import Path
 
-LOSS_FILES = ("scaling/model/loss.py", "scaling/model/fused_loss.py")
+LOSS_FILES = ("scaling/model/loss.py", "scaling/model/fused_loss.py", "scaling/model/pallas_loss.py")
 MODEL_FILE, ATTENTION_FILE = "scaling/model/transformer.py", "scaling/model/attention.py"
 LAYER_CLASSES = ("Block.", "SelfAttention.", "FeedForward.")  # functions of one layer in MODEL_FILE
 _FRAME = re.compile(r"stack_frame_id=(\d+)")
-IMPLS = ("chunked", "fused")
+IMPLS = ("chunked", "fused", "pallas")
 
 
-def runs(gpt3_xl: bool) -> list[tuple[str, object, str]]:
-    """(name, TrainConfig, topology) per loss implementation: the paper sweep's L6 rows (seed 0) on v5e:2x4,
-    and with ``gpt3_xl`` GPT-3 XL on v5e:16x16 (``compiled_steps.runs_to_save``)."""
+MESHES = {"fsdp": None, "data": (-1, 1)}  # the paper sweep's mesh as it stands, or (data, fsdp)
+
+
+def runs(gpt3_xl: bool, pattern: str = "L6-*", impls=IMPLS, meshes=("fsdp",)) -> list[tuple[str, object, str]]:
+    """(name, TrainConfig, topology) per loss implementation of ``impls`` and mesh of ``meshes`` (``MESHES``):
+    the paper sweep's rows matching ``pattern`` (seed 0) on v5e:2x4, and with ``gpt3_xl`` GPT-3 XL on v5e:16x16
+    (``compiled_steps.runs_to_save``; GPT-3 XL keeps its own mesh)."""
     from compiled_steps import runs_to_save
+    from scaling.config import MeshConfig
 
-    chosen = runs_to_save("paper", "L6-*") + (runs_to_save("gpt3-xl") if gpt3_xl else [])
-    return [(f"{name}-{impl}", dataclasses.replace(config, model=dataclasses.replace(config.model, loss_impl=impl)),
-             topology) for name, config, topology in chosen for impl in IMPLS]
+    chosen = [(run, mesh) for run in runs_to_save("paper", pattern) for mesh in meshes]
+    chosen += [(run, "fsdp") for run in (runs_to_save("gpt3-xl") if gpt3_xl else [])]
+    out = []
+    for (name, config, topology), mesh in chosen:
+        if MESHES[mesh] is not None:
+            data, fsdp = MESHES[mesh]
+            config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, data=data, fsdp=fsdp))
+            name = f"{name}-{mesh}"
+        for impl in impls:
+            out.append((f"{name}-{impl}", dataclasses.replace(config, model=dataclasses.replace(
+                config.model, loss_impl=impl)), topology))
+    return out
+
+
+def mesh_name(config) -> str:
+    """``fsdp`` or ``data`` for a saved program's mesh: the parameters sharded over the chips, or replicated."""
+    return "data" if config.mesh.fsdp == 1 else "fsdp"
 
 
 def _table(hlo_text: str, name: str) -> dict[int, str]:
@@ -173,14 +192,15 @@ def price(directory: Path) -> list[dict]:
     from sweeps.preflight import kernels
 
     rows = []
-    for meta_path in sorted(directory.glob("*.json")):
+    for meta_path in sorted(p for p in directory.glob("*.json") if p.name != "rows.json"):
         meta = json.loads(meta_path.read_text())
         config = from_dict(TrainConfig, meta["config"])
         topology = preflight.parse_topology(meta["topology"])
         mesh = mesh_lib.make_mesh(config.mesh, preflight.topology_devices(topology))
         split = split_estimates(meta_path.with_suffix(".hlo").read_text(), topology.generation, mesh.devices.flat,
                                 kernels.kernel_cost(config.model))
-        rows.append({"name": meta["name"].rsplit("-", 1)[0], "impl": config.model.loss_impl,
+        rows.append({"name": meta["name"].rsplit("-", 1)[0].removesuffix("-data"), "impl": config.model.loss_impl,
+                     "mesh": mesh_name(config),
                      "topology": meta["topology"], "jax": meta["jax"], "hbm_bytes": meta["hbm_bytes_per_device"],
                      **split})
     return rows
@@ -192,11 +212,12 @@ def _ms(seconds) -> str:
 
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table: per run and impl, both estimates' step and parts in ms."""
-    lines = ["| run | slice | loss impl | compiler: step | loss | layers | rest | roofline: step | loss | layers "
-             "| rest | HBM/chip GiB |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | slice | params | loss impl | compiler: step | loss | layers | rest | roofline: step | loss "
+             "| layers | rest | HBM/chip GiB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         c, r = row["compiler"], row["roofline"]
-        lines.append(f"| {row['name']} | {row['topology']} | {row['impl']} | **{_ms(c['step'])}** | {_ms(c['loss'])} "
+        lines.append(f"| {row['name']} | {row['topology']} | {row.get('mesh', 'fsdp')} | {row['impl']} "
+                     f"| **{_ms(c['step'])}** | {_ms(c['loss'])} "
                      f"| {_ms(c['layers'])} | {_ms(c['rest'])} | {_ms(r['step'])} | {_ms(r['loss'])} "
                      f"| {_ms(r['layers'])} | {_ms(r['rest'])} | {row['hbm_bytes'] / 2**30:.2f} |")
     return "\n".join(lines)
@@ -210,13 +231,19 @@ def main(argv=None) -> int:
     save_parser = commands.add_parser("save", help="compile the runs' train steps into DIR (minutes each)")
     save_parser.add_argument("directory", type=Path, metavar="DIR")
     save_parser.add_argument("--gpt3-xl", action="store_true", help="also GPT-3 XL on v5e:16x16")
+    save_parser.add_argument("--rows", default="L6-*", help="the paper sweep's rows to compile (a glob; default L6-*)")
+    save_parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
+                             help="loss implementations to compile (default: all)")
+    save_parser.add_argument("--meshes", nargs="+", choices=list(MESHES), default=["fsdp"],
+                             help="the paper rows' meshes: fsdp (parameters sharded, the sweep's fallback) and/or "
+                                  "data (replicated); default fsdp")
     table_parser = commands.add_parser("table", help="price DIR's programs: a markdown table (and DIR/rows.json)")
     table_parser.add_argument("directory", type=Path, metavar="DIR")
     args = parser.parse_args(argv)
     if args.command == "save":
         from compiled_steps import save
 
-        save(args.directory, runs(args.gpt3_xl))
+        save(args.directory, runs(args.gpt3_xl, args.rows, args.impls, args.meshes))
         return 0
     if not args.directory.is_dir():
         print(f"error: {args.directory} is not a directory of saved programs", file=sys.stderr)

@@ -49,8 +49,9 @@ AttentionScale = Literal["standard", "log_length"]
 AttentionImpl = Literal["xla", "flash"]
 # How the loss forms the logits (``scaling.model.loss.cross_entropy_sum``): ``chunked``, a slice of positions
 # over the whole vocabulary at a time; ``fused``, also in blocks of the vocabulary (``scaling.model.fused_loss``);
+# ``pallas``, the same blocks as TPU kernels that keep each block's logits on chip (``scaling.model.pallas_loss``);
 # ``auto``, the one measured faster on the platform the step is compiled for (``scaling.model.loss.resolve_loss_impl``).
-LOSS_IMPLS = ("auto", "chunked", "fused")
+LOSS_IMPLS = ("auto", "chunked", "fused", "pallas")
 LossImpl = Literal[LOSS_IMPLS]
 Dtype = Literal["float32", "bfloat16"]
 # How initialisation, rates and multipliers follow width and depth (``OptimConfig``, ``scaling.model.parametrization``).

@@ -1,5 +1,6 @@
-"""The fused (vocabulary-blocked) cross-entropy against the chunked one: loss, gradients, padding, weights,
-sharding, both objectives, and a trainer's losses over 50 steps."""
+"""The fused (vocabulary-blocked) cross-entropies, plain JAX and Pallas (its kernels in Pallas' interpreter on
+this CPU), against the chunked one: loss, gradients, padding, weights, sharding, both objectives, and a trainer's
+losses over 50 steps."""
 
 import dataclasses
 
@@ -12,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import tiny
 from model_params import init_params
 from scaling.config import LOSS_IMPLS, MeshConfig, ModelConfig, TrainConfig, config_id
-from scaling.model import fused_loss, mesh as mesh_lib
+from scaling.model import fused_loss, mesh as mesh_lib, pallas_loss
 from scaling.model.loss import compute_loss, cross_entropy_sum, resolve_loss_impl
 from scaling.model.transformer import Transformer, padded_vocab_size
 from scaling.store.metrics_log import read_metrics
@@ -21,6 +22,15 @@ from scaling.store.metrics_log import read_metrics
 # last block is partly padding; GPT-2's BPE ids with the paper sweep's 4 extra (50,261, padded to 50,304) in
 # the default blocks (13 of 3,968, the last one padded with zero columns).
 SHAPES = {"bytes": (260, 16, 128), "bpe-50k": (50261, 32, fused_loss.VOCAB_BLOCK)}
+FUSED = ("fused", "pallas")  # the blocked implementations, each against the chunked loss
+
+
+@pytest.fixture
+def small_pallas_tiles(monkeypatch):
+    """Pallas tiles of 128 rows and 128 ids, so that small inputs span several of each (the online
+    log-sum-exp across vocabulary tiles, the accumulations across row tiles, the padded last tile of rows)."""
+    monkeypatch.setattr(pallas_loss, "ROW_BLOCK", 128)
+    monkeypatch.setattr(pallas_loss, "VOCAB_BLOCK", 128)
 
 
 def inputs(vocab, width, batch=2, length=12, seed=0, dtype=jnp.float32):
@@ -53,13 +63,14 @@ def test_vocab_blocks_cover_the_padded_vocabulary_in_lane_multiples():
         assert size % 128 == 0 and size <= 3072 and count * size >= padded > (count - 1) * size
 
 
+@pytest.mark.parametrize("impl", FUSED)
 @pytest.mark.parametrize("chunk_tokens", [8, 1000])  # 4 positions a slice (3 slices), and the whole sequence
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_fused_loss_and_gradients_equal_the_chunked_ones_in_float32(shape, chunk_tokens):
+def test_fused_loss_and_gradients_equal_the_chunked_ones_in_float32(shape, chunk_tokens, impl):
     vocab, width, block = SHAPES[shape]
     args = inputs(vocab, width)
-    (loss, grads), (expected, expected_grads) = (loss_and_grads(impl, vocab, block, args, chunk_tokens=chunk_tokens)
-                                                 for impl in ("fused", "chunked"))
+    (loss, grads), (expected, expected_grads) = (loss_and_grads(each, vocab, block, args, chunk_tokens=chunk_tokens)
+                                                 for each in (impl, "chunked"))
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
     for name, got, want in zip(("hidden", "kernel", "weights"), grads, expected_grads):
         scale = float(jnp.abs(want).max())
@@ -69,8 +80,34 @@ def test_fused_loss_and_gradients_equal_the_chunked_ones_in_float32(shape, chunk
     assert not np.any(grads[0][args[3] == 0])  # a weight-0 position has no gradient
 
 
+def test_pallas_loss_spans_several_row_and_vocabulary_tiles(small_pallas_tiles):
+    vocab, width, _ = SHAPES["bytes"]
+    args = inputs(vocab, width, batch=4, length=80, seed=2)  # 320 rows: 3 tiles of 128, the last padded
+    assert pallas_loss.row_block(320, width) == 128
+    (loss, grads), (expected, expected_grads) = (loss_and_grads(each, vocab, None, args, chunk_tokens=64)
+                                                 for each in ("pallas", "chunked"))
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    for name, got, want in zip(("hidden", "kernel", "weights"), grads, expected_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()), err_msg=name)
+
+
+def test_pallas_tiles_shrink_for_wide_models_and_short_inputs():
+    """The tile sizes the compiles for v5e (``test_the_pallas_loss_compiles_...``, and by hand for widths up to
+    ``MAX_WIDTH``) showed fit its scoped VMEM, where [512, 2048] float32 gradient tiles did not."""
+    assert pallas_loss.row_block(32768, 128) == 2048 and pallas_loss.row_block(32768, 2048) == 256
+    assert pallas_loss.row_block(32768, 320) == 1024  # 1,536 fits but does not divide the rows
+    assert pallas_loss.row_block(24, 32) == 128  # one tile, padded
+    assert pallas_loss.row_block(2048, 8192) == 128  # never below a lane's 128 rows
+    assert [pallas_loss.vocab_block(w) for w in (128, 2048, 4096)] == [512, 512, 256]
+    assert [pallas_loss.ids_block(w) for w in (128, 512, 1024, 2048)] == [512, 512, 256, 128]
+    hidden, kernel, targets, weights = inputs(260, pallas_loss.MAX_WIDTH + 128, batch=1, length=4)
+    with pytest.raises(ValueError, match="supports widths up to 4096"):
+        pallas_loss.pallas_loss_sum(hidden, kernel, targets, weights, vocab_size=260)
+
+
+@pytest.mark.parametrize("impl", FUSED)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_fused_loss_in_bfloat16_agrees_with_the_chunked_one_to_a_rounding_of_bfloat16(shape):
+def test_fused_loss_in_bfloat16_agrees_with_the_chunked_one_to_a_rounding_of_bfloat16(shape, impl):
     """bfloat16 compute: both impls round each logit to bf16 in the same matmul and sum exponentials in float32,
     so the loss agrees to float32 summation order (rtol 1e-5). The gradients may differ by where a backend
     rounds: the chunked loss's hidden gradient is one bf16 matmul over the whole vocabulary, the fused one sums
@@ -80,8 +117,8 @@ def test_fused_loss_in_bfloat16_agrees_with_the_chunked_one_to_a_rounding_of_bfl
     this project's CPU the two agree to 1e-9 of the largest entry (XLA:CPU multiplies bf16 in float32)."""
     vocab, width, block = SHAPES[shape]
     args = inputs(vocab, width, seed=1)
-    (loss, grads), (expected, expected_grads) = (loss_and_grads(impl, vocab, block, args, "bfloat16")
-                                                 for impl in ("fused", "chunked"))
+    (loss, grads), (expected, expected_grads) = (loss_and_grads(each, vocab, block, args, "bfloat16")
+                                                 for each in (impl, "chunked"))
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
     for name, got, want in zip(("hidden", "kernel", "weights"), grads, expected_grads):
         got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
@@ -98,13 +135,13 @@ def test_an_unknown_loss_impl_is_refused_by_name():
 
 def test_the_loss_impl_is_not_part_of_the_run_id():
     base = TrainConfig()
-    assert set(LOSS_IMPLS) == {"auto", "chunked", "fused"} and base.model.loss_impl == "auto"
+    assert set(LOSS_IMPLS) == {"auto", "chunked", "fused", "pallas"} and base.model.loss_impl == "auto"
     for impl in LOSS_IMPLS:
         assert config_id(dataclasses.replace(base, model=dataclasses.replace(base.model, loss_impl=impl))) \
             == config_id(base)
 
 
-def test_auto_is_fused_on_tpu_when_a_devices_tokens_outnumber_its_width_and_chunked_elsewhere():
+def test_auto_is_pallas_on_tpu_when_a_devices_tokens_outnumber_its_width_and_chunked_elsewhere():
     from test_preflight import require_libtpu
 
     assert resolve_loss_impl("auto", 32768, 128) == "chunked"  # no mesh: this CPU
@@ -114,11 +151,13 @@ def test_auto_is_fused_on_tpu_when_a_devices_tokens_outnumber_its_width_and_chun
 
     tpu = mesh_lib.make_mesh(MeshConfig(), preflight.topology_devices(preflight.parse_topology("v5e:2x2")))
     with mesh_lib.activation_sharding(tpu, MeshConfig().rules):  # a TPU program compiled ahead of time here
-        assert resolve_loss_impl("auto", 32768, 128) == "fused"  # the paper sweep's L6-d128 on v5e:2x4
+        assert resolve_loss_impl("auto", 32768, 128) == "pallas"  # the paper sweep's L6-d128 on v5e:2x4
         assert resolve_loss_impl("auto", 2048, 2048) == "chunked"  # GPT-3 XL at fsdp=256
+        assert resolve_loss_impl("auto", 32768, 128, vocab_shards=2) == "chunked"  # tensor parallelism
 
 
-def test_the_fused_loss_sharded_over_the_batch_equals_it_on_one_device(eight_devices):
+@pytest.mark.parametrize("impl", FUSED)
+def test_the_fused_loss_sharded_over_the_batch_equals_it_on_one_device(eight_devices, impl):
     vocab, width, block = SHAPES["bytes"]
     hidden, kernel, targets, weights = inputs(vocab, width, batch=8, length=16)
     mesh = mesh_lib.make_mesh(MeshConfig(data=2, fsdp=4), eight_devices)
@@ -126,7 +165,7 @@ def test_the_fused_loss_sharded_over_the_batch_equals_it_on_one_device(eight_dev
     def loss(h, k):
         with mesh_lib.activation_sharding(mesh, MeshConfig().rules):
             return cross_entropy_sum(h, k, targets, weights, vocab_size=vocab, compute_dtype="float32",
-                                     chunk_tokens=8, impl="fused", vocab_block=block)
+                                     chunk_tokens=8, impl=impl, vocab_block=block)
 
     rows, columns = (NamedSharding(mesh, PartitionSpec(axes)) for axes in (("data", "fsdp"), "fsdp"))
     sharded = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(jax.device_put(hidden, rows),
@@ -137,15 +176,16 @@ def test_the_fused_loss_sharded_over_the_batch_equals_it_on_one_device(eight_dev
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("impl", FUSED)
 @pytest.mark.parametrize("objective", ["causal", "masked"])
-def test_both_objectives_give_the_same_loss_and_gradient_with_either_impl(objective):
+def test_both_objectives_give_the_same_loss_and_gradient_with_either_impl(objective, impl):
     tokens = jax.random.randint(jax.random.PRNGKey(0), (4, 32), 0, 256)
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1),
              "weights": jnp.ones((4, 32)).at[:, -3:].set(0.0), "input_mask": jnp.ones((4, 32))}
     results = []
-    for impl in ("chunked", "fused"):
+    for each in ("chunked", impl):
         config = ModelConfig(depth=1, width=32, objective=objective, max_seq_len=32, loss_chunk_tokens=32,
-                             loss_impl=impl)
+                             loss_impl=each)
         params = init_params(config, jax.random.PRNGKey(0))
 
         def loss(p, config=config):
@@ -164,20 +204,71 @@ def test_label_logits_loss_is_unchanged_by_the_loss_impl():
     batch = {"inputs": jnp.full((4, 5), 48).at[:, 0].set(259), "targets": jnp.zeros((4, 5), jnp.int32).at[:, 0].set(
         jnp.asarray([48, 49, 49, 48])), "weights": jnp.zeros((4, 5)).at[:, 0].set(1.0), "input_mask": jnp.ones((4, 5))}
     losses = []
-    for impl in ("chunked", "fused"):
+    for impl in ("chunked", *FUSED):
         config = ModelConfig(depth=1, width=16, num_heads=1, objective="masked", max_seq_len=8, loss_impl=impl)
         losses.append(compute_loss(Transformer(config), init_params(config, jax.random.PRNGKey(0)), batch,
                                    label_ids=labels)[0])
-    assert float(losses[0]) == float(losses[1])
+    assert float(losses[0]) == float(losses[1]) == float(losses[2])
 
 
-def test_a_trainer_run_gives_the_same_losses_over_50_steps_with_either_impl(tmp_path, monkeypatch):
+def test_a_trainer_run_gives_the_same_losses_over_50_steps_with_either_impl(tmp_path, monkeypatch,
+                                                                          small_pallas_tiles):
     monkeypatch.setattr(fused_loss, "VOCAB_BLOCK", 128)  # the byte vocabulary's 384 ids in 3 blocks
     losses = {}
-    for impl in ("chunked", "fused"):
+    for impl in ("chunked", *FUSED):
         base = tiny.config(steps=50, checkpoint_every=50, keep_checkpoints=1)
         config = dataclasses.replace(base, model=dataclasses.replace(base.model, loss_impl=impl))
         tiny.run(config, tmp_path / impl)
         losses[impl] = [row["loss"] for row in read_metrics(tmp_path / impl) if row.get("loss") is not None]
-    assert len(losses["fused"]) == 50
-    np.testing.assert_allclose(losses["fused"], losses["chunked"], rtol=1e-5)
+    for impl in FUSED:
+        assert len(losses[impl]) == 50
+        np.testing.assert_allclose(losses[impl], losses["chunked"], rtol=1e-5, err_msg=impl)
+
+
+def test_the_pallas_loss_compiles_for_a_tpu_without_whole_logits_and_declares_its_costs():
+    """Ahead of time for v5e with libtpu (nothing runs on a TPU): the loss and both gradients become the three
+    kernels, each carrying the cost estimate the preflight prices it by (matmul FLOPs: one pass forward, two
+    in each backward kernel), and no array of the compiled program holds logits for all positions (as many
+    elements as the positions times a vocabulary tile, without the width among its dimensions); the chunked
+    loss's program does."""
+    from test_preflight import require_libtpu
+
+    require_libtpu()
+    from sweeps import preflight
+    from sweeps.preflight import hlo, kernels
+
+    devices = preflight.topology_devices(preflight.parse_topology("v5e:1x1"))
+    mesh = mesh_lib.make_mesh(MeshConfig(), devices)
+    batch, length, width, vocab = 8, 1024, 128, 50261
+    whole = NamedSharding(mesh, PartitionSpec())
+    shapes = [((batch, length, width), jnp.bfloat16), ((width, padded_vocab_size(vocab)), jnp.bfloat16),
+              ((batch, length), jnp.int32), ((batch, length), jnp.float32)]
+    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=whole) for shape, dtype in shapes]
+    rows = batch * length
+
+    def compiled(impl):
+        def loss(hidden, kernel, targets, weights):
+            with mesh_lib.activation_sharding(mesh, MeshConfig().rules):
+                return cross_entropy_sum(hidden, kernel, targets, weights, vocab_size=vocab,
+                                         compute_dtype="bfloat16", chunk_tokens=rows, impl=impl)
+
+        return hlo.parse(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(*args).compile().as_text())
+
+    def logits_arrays(module):
+        return [(i.name, a) for c in module.computations.values() for i in c.instructions for a in i.arrays
+                if a.elements >= rows * pallas_loss.VOCAB_BLOCK and width not in a.dims]
+
+    module = compiled("pallas")
+    calls = [i for c in module.computations.values() for i in c.instructions
+             if i.opcode == "custom-call" and "tpu_custom_call" in i.attributes]
+    priced = {}
+    for call in calls:
+        name, flops, _ = kernels.declared_cost(call)
+        assert kernels.cost_source(name) == "cost estimate"
+        priced[name.removesuffix(kernels.DECLARED)] = flops
+    ids = -(-padded_vocab_size(vocab) // pallas_loss.VOCAB_BLOCK) * pallas_loss.VOCAB_BLOCK
+    one_pass = 2 * rows * width * ids
+    assert sorted(priced.values()) == [one_pass, 2 * one_pass, 2 * one_pass]
+    assert any("forward" in name for name in priced) and len(priced) == 3
+    assert logits_arrays(module) == []
+    assert logits_arrays(compiled("chunked"))  # the check can fail: the chunked loss forms whole logits

@@ -30,7 +30,7 @@ import numpy as np
 import optax
 
 from scaling.config import LOSS_IMPLS
-from scaling.model import fused_loss
+from scaling.model import fused_loss, pallas_loss
 from scaling.model.mesh import active_mesh, activation_shards, constrain
 from scaling.model.transformer import _DTYPES, _PADDING_LOGIT, Transformer, unembed
 
@@ -143,25 +143,30 @@ def slice_positions(batch: int, length: int, chunk_tokens: int, batch_shards: in
     return min(length, max(1, chunk_tokens // rows))
 
 
-# ``loss_impl="auto"``: fused on TPU when a device's tokens outnumber the width ``FUSED_TOKENS_PER_CHANNEL``
-# times or more, chunked otherwise. libtpu's estimates (benchmarks/loss_estimates.md, v5e) price the fused
-# loss cheaper for the paper sweep's L6 rows (32,768 tokens per chip, d = 128..320: 100..256 tokens per
-# channel) and dearer for GPT-3 XL at fsdp=256 (2,048 tokens per chip, d = 2048: 1 per channel), where the
-# loss is a small part of the step and the blocked kernel's copies and float32 gradient cost more than the
-# logits they spare; on a CPU the fused loss measured no faster (benchmarks/README.md).
+# ``loss_impl="auto"``: the Pallas kernels on TPU when a device's tokens outnumber the width
+# ``FUSED_TOKENS_PER_CHANNEL`` times or more and the vocabulary is not split over devices, chunked otherwise.
+# libtpu's estimates (benchmarks/loss_estimates.md, v5e) price the kernels far cheaper than the chunked loss for
+# the paper sweep's L6 rows (32,768 tokens per chip, d = 128..320: 100..256 tokens per channel) and dearer for
+# GPT-3 XL at fsdp=256 (2,048 tokens per chip, d = 2048: 1 per channel), where the loss is a small part of the
+# step and the kernels' re-reads of the unembedding cost more than the logits they spare. Under tensor
+# parallelism every device would run the whole vocabulary (``scaling.model.pallas_loss``), so the chunked loss
+# keeps it split. On a CPU or GPU the kernels do not compile (Pallas' interpreter only), and the plain-JAX
+# fused loss measured no faster than the chunked one on a CPU (benchmarks/README.md).
 FUSED_TOKENS_PER_CHANNEL = 64  # measured: >= 102 cheaper fused, 1 dearer; between untested, so set high
 
 
-def resolve_loss_impl(impl: str, device_tokens: int = 0, width: int = 1) -> str:
-    """``impl`` as the loss computes it for ``device_tokens`` positions per device of ``width`` channels:
-    ``auto`` becomes ``fused`` on a TPU when ``device_tokens >= FUSED_TOKENS_PER_CHANNEL * width`` and
-    ``chunked`` otherwise. The platform is that of the mesh the step is traced for (``activation_sharding``'s;
-    outside one, JAX's default backend), so a TPU program compiled ahead of time on a CPU gets the TPU's."""
+def resolve_loss_impl(impl: str, device_tokens: int = 0, width: int = 1, vocab_shards: int = 1) -> str:
+    """``impl`` as the loss computes it for ``device_tokens`` positions per device of ``width`` channels with
+    the vocabulary in ``vocab_shards`` pieces: ``auto`` becomes ``pallas`` on a TPU when ``device_tokens >=
+    FUSED_TOKENS_PER_CHANNEL * width`` and ``vocab_shards == 1``, and ``chunked`` otherwise. The platform is
+    that of the mesh the step is traced for (``activation_sharding``'s; outside one, JAX's default backend), so
+    a TPU program compiled ahead of time on a CPU gets the TPU's."""
     if impl != "auto":
         return impl
     mesh = active_mesh()
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    return "fused" if platform == "tpu" and device_tokens >= FUSED_TOKENS_PER_CHANNEL * width else "chunked"
+    many_tokens = device_tokens >= FUSED_TOKENS_PER_CHANNEL * width
+    return "pallas" if platform == "tpu" and many_tokens and vocab_shards == 1 else "chunked"
 
 
 def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, compute_dtype: str,
@@ -184,7 +189,8 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     ``impl`` (``ModelConfig.loss_impl``; ``auto`` as ``resolve_loss_impl`` decides for this shape):
     ``chunked`` forms a slice's logits over the whole vocabulary; ``fused`` (``scaling.model.fused_loss``) also
     cuts the vocabulary into blocks of at most ``vocab_block`` ids
-    (default ``fused_loss.VOCAB_BLOCK``).
+    (default ``fused_loss.VOCAB_BLOCK``); ``pallas`` (``scaling.model.pallas_loss``) runs the blocks as TPU
+    kernels over each device's rows whole (Pallas' interpreter off a TPU: for tests, slow).
     """
     if impl not in LOSS_IMPLS:
         raise ValueError(f"impl={impl!r} is invalid: allowed one of {', '.join(LOSS_IMPLS)}")
@@ -193,8 +199,10 @@ def cross_entropy_sum(hidden, kernel, targets, weights, *, vocab_size: int, comp
     hidden = hidden.astype(dtype)
     batch, length, width = hidden.shape
     shards = activation_shards("batch", batch)
-    impl = resolve_loss_impl(impl, max(1, batch // shards) * length, width)
+    impl = resolve_loss_impl(impl, max(1, batch // shards) * length, width, activation_shards("vocab", kernel.shape[1]))
     chunk = slice_positions(batch, length, chunk_tokens, shards)
+    if impl == "pallas":  # the kernels take each device's rows whole: no slices
+        return pallas_loss.pallas_loss_sum(hidden, kernel, targets, weights, vocab_size=vocab_size)
     if chunk == length and impl == "chunked":
         return _slice_loss_sum(hidden, kernel, targets, weights, vocab_size)
     chunks = -(-length // chunk)
