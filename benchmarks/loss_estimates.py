@@ -184,6 +184,65 @@ def split_estimates(hlo_text: str, generation: str, devices, kernel_cost) -> dic
     return found
 
 
+def _multiplicities(module) -> dict[str, float]:
+    """How many times each computation runs per step: loop bodies by their trip counts (conditions once
+    more), called and async computations once per call, all from the entry computation."""
+    from sweeps.preflight import hlo
+
+    times: dict[str, float] = collections.defaultdict(float)
+
+    def visit(name: str, count: float) -> None:
+        computation = module.computation(name)
+        if computation is None:
+            return
+        times[name] += count
+        for instruction in computation.instructions:
+            if instruction.opcode not in ("while", "call", "conditional", "async-start"):
+                continue
+            trips = hlo.trip_count(module, computation, instruction) or 1 if instruction.opcode == "while" else 1
+            for role, callee in instruction.called():
+                visit(callee, count * (trips + (role == "condition")))
+
+    visit(module.entry, 1.0)
+    return times
+
+
+def top_ops(hlo_text: str, generation: str, devices, kernel_cost, count: int = 12) -> list[dict]:
+    """The ``count`` costliest ops of one step by the compiler's estimate (its ``estimated_cycles`` where it
+    wrote them, the corrected roofline elsewhere: kernels, collectives), loops counted by their trips:
+    ``{"op", "opcode", "shape", "part", "runs", "seconds"}`` (seconds per step, all runs)."""
+    from sweeps.preflight import compiler_estimate, roofline_corrections, tensorcore
+
+    seen: dict[tuple[str, str], tuple[float, object]] = {}
+
+    class Recording(compiler_estimate.CompilerCoster):
+        def _priced_op(self, computation, instruction, cost):
+            seconds = super()._priced_op(computation, instruction, cost)
+            seen[(computation.name, instruction.name)] = (seconds, instruction)
+            return seconds
+
+    def make(*args):
+        coster = Recording(*args)
+        coster.clock = tensorcore.clock_hz(generation)
+        made["it"] = coster
+        return coster
+
+    made: dict = {}
+    roofline_corrections.corrected_cost(hlo_text, generation, devices, kernel_cost, coster=make)
+    module, parts, memo = made["it"].module, frame_parts(hlo_text), {}
+    times = _multiplicities(module)
+    rows = []
+    for (computation, _), (seconds, instruction) in seen.items():
+        runs = times.get(computation, 0.0)
+        if runs and seconds:
+            shape = ",".join(f"{a.dtype}[{'x'.join(map(str, a.dims))}]" for a in instruction.arrays[:2])
+            # A splash-attention call carries no stack of this project's frames: it is a layer's by its name.
+            part = "layers" if instruction.name.startswith("splash_mha") else part_of(module, instruction, parts, memo)
+            rows.append({"op": instruction.name, "opcode": instruction.opcode, "shape": shape, "runs": runs,
+                         "part": part, "seconds": seconds * runs})
+    return sorted(rows, key=lambda row: -row["seconds"])[:count]
+
+
 def price(directory: Path) -> list[dict]:
     """One row per saved program: name, impl, topology, HBM, and ``split_estimates``."""
     from scaling.config import TrainConfig, from_dict
@@ -204,6 +263,31 @@ def price(directory: Path) -> list[dict]:
                      "topology": meta["topology"], "jax": meta["jax"], "hbm_bytes": meta["hbm_bytes_per_device"],
                      **split})
     return rows
+
+
+def print_ops(directory: Path, name: str, count: int) -> int:
+    """Print ``top_ops`` of DIR/NAME as a markdown table; 2 if NAME was not saved there."""
+    from scaling.config import TrainConfig, from_dict
+    from scaling.model import mesh as mesh_lib
+    from sweeps import preflight
+    from sweeps.preflight import kernels
+
+    meta_path = directory / f"{name}.json"
+    if not meta_path.is_file():
+        print(f"error: no saved program {name} in {directory} (save it first)", file=sys.stderr)
+        return 2
+    meta = json.loads(meta_path.read_text())
+    config = from_dict(TrainConfig, meta["config"])
+    topology = preflight.parse_topology(meta["topology"])
+    mesh = mesh_lib.make_mesh(config.mesh, preflight.topology_devices(topology))
+    rows = top_ops(meta_path.with_suffix(".hlo").read_text(), topology.generation, mesh.devices.flat,
+                   kernels.kernel_cost(config.model), count)
+    print(f"{name} on {meta['topology']}: the costliest ops by the compiler's estimate (ms per step, all runs)\n")
+    print("| op | opcode | result | part | runs | ms |\n|---|---|---|---|---:|---:|")
+    for row in rows:
+        print(f"| {row['op']} | {row['opcode']} | {row['shape']} | {row['part']} | {row['runs']:,.0f} "
+              f"| {row['seconds'] * 1e3:,.2f} |")
+    return 0
 
 
 def _ms(seconds) -> str:
@@ -239,7 +323,13 @@ def main(argv=None) -> int:
                                   "data (replicated); default fsdp")
     table_parser = commands.add_parser("table", help="price DIR's programs: a markdown table (and DIR/rows.json)")
     table_parser.add_argument("directory", type=Path, metavar="DIR")
+    ops_parser = commands.add_parser("ops", help="the costliest ops of one saved program (the compiler's estimate)")
+    ops_parser.add_argument("directory", type=Path, metavar="DIR")
+    ops_parser.add_argument("name", help="a saved program's name (DIR/NAME.hlo), e.g. L6-d128-s0-data-pallas")
+    ops_parser.add_argument("--top", type=int, default=12, help="how many ops (default 12)")
     args = parser.parse_args(argv)
+    if args.command == "ops":
+        return print_ops(args.directory, args.name, args.top)
     if args.command == "save":
         from compiled_steps import save
 

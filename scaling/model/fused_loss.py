@@ -24,7 +24,8 @@ reference for a kernel. Plain JAX still leaves XLA three passes over each
 block's logits (the matmul with the block's maximum, the sum of exponentials,
 and the backward pass's softmax gradient), which libtpu prices at about what
 the chunked loss's passes cost per logit (``benchmarks/loss_estimates.md``);
-what changes is the peak memory, one block, and some of the passes' cost.
+what changes is the peak memory, one block, and some of the passes' cost
+(keeping each block on chip takes a kernel: ``scaling.model.pallas_loss``).
 
 Per-position weights, the padded vocabulary (ids at or beyond ``vocab_size``
 get the chunked loss's large negative logit: zero probability, zero
@@ -54,8 +55,9 @@ read from its source against this project's loss:
   declares no ``pl.CostEstimate``, so the preflight could only price it by a
   model of its own;
 - it pins typeguard 2.13.3 and brings pydantic, qwix and jaxtyping.
-So it is not an implementation here; this module is what a Pallas kernel
-would have to match, and its tests say how closely.
+So it is not an implementation here. ``scaling.model.pallas_loss`` is this
+project's own kernel for the same scheme, with the weights and the mask, and
+this module (with the chunked loss) is the reference its tests hold it to.
 """
 
 from __future__ import annotations

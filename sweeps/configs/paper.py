@@ -39,10 +39,16 @@ Meshes (no part of the run id). ``parallelism="auto"``: each run trains the
 way ``preflight --parallelism`` chose for it (data-parallel with parameters
 replicated, fully sharded, or packed one run per chip: the cheapest that fits
 by both of its estimates; ``sweeps/preflight/parallelism.py``). A run with no
-kept choice shards parameters and optimizer state with the fsdp axis over all
-devices, which fits every run of the sweep. (``Sweep.data_parallel_state_bytes``
-would replicate the small runs without a preflight, but then the preflight
-compiles two families of programs, twice the time.)
+kept choice is data-parallel when its training state (parameters, gradients,
+AdamW's moments) is at most a quarter of a v5e chip's HBM, 4 GiB
+(``data_parallel_state_bytes``: every run up to about 250M parameters), and
+shards parameters and optimizer state with the fsdp axis over all devices
+otherwise. Replicated, a small model's matmuls contract over its whole width
+on every chip; fully sharded over 8 chips, its gathered matmuls contract
+over slivers of the width, which fill a fraction of the matrix unit (libtpu's
+estimates for the L6 rows on v5e:2x4: up to 1.4× faster steps data-parallel;
+``benchmarks/loss_estimates.md``).
+The quick preflight then compiles two families of programs (14, not 7).
 The fsdp size must divide the widths: on 256 chips fsdp=256 divides none
 of them, the state stays unsharded and the large runs do not fit; the
 preflight says so and suggests e.g. ``--set mesh.data=4 --set mesh.fsdp=64``.
@@ -104,4 +110,4 @@ def sweep() -> Sweep:
         peak_flops=hardware.TPU_V5E.peak_flops("bfloat16"),  # per chip, for MFU and dry-run's time
         wandb_mode="auto")
     return Sweep(name="paper", base=base, depths=DEPTHS, budgets=budgets_per_depth(), seeds=(0, 1, 2),
-                 multiple_of=64, parallelism="auto")
+                 multiple_of=64, parallelism="auto", data_parallel_state_bytes=hardware.TPU_V5E.hbm_bytes // 4)

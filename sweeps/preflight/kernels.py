@@ -18,7 +18,11 @@ one of two ways, and its name in the estimate's ``kernels`` says which
   bytes_accessed=...)`` carries it in its custom call's backend config
   (``"cost_estimate":{"flops":"...","bytes_accessed":"...",...}`` in the
   compiled HLO), and its FLOPs and bytes are taken as declared (named
-  ``NAME (its cost estimate)``).
+  ``NAME (its cost estimate)``): the loss kernels of
+  ``scaling.model.pallas_loss`` declare their matmuls (recomputations
+  included) and the bytes their tiles read and write. The roofline prices
+  those two; the vector unit's work on each element (exponentials, maxima,
+  masks) is assumed to overlap the matrix unit and is not priced.
 
 Any other kernel is left unpriced, and the roofline then reports the step's
 cost as unknown rather than leave the kernel out.
