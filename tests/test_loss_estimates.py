@@ -35,3 +35,22 @@ def test_the_loss_part_grows_with_the_vocabulary_and_the_layers_part_does_not():
             assert abs(parts["loss"] + parts["layers"] + parts["rest"] - parts["step"]) < 1e-9
         assert large[kind]["loss"] > 4 * small[kind]["loss"], kind
         assert abs(large[kind]["layers"] / small[kind]["layers"] - 1) < 0.1, kind
+
+
+def test_the_costliest_ops_count_loop_trips_and_name_the_loss_kernels():
+    require_libtpu()
+    devices = preflight.topology_devices(preflight.parse_topology("v5e:2x2"))
+    config = TrainConfig(model=ModelConfig(depth=3, width=128, head_dim=64, vocab_size=32000, max_seq_len=256,
+                                           compute_dtype="bfloat16", loss_impl="pallas", scan_layers=True),
+                         data=DataConfig(seq_len=256), batch_size=16)
+    mesh = mesh_lib.make_mesh(config.mesh, devices)
+    text = run_program.lower_train_step(config, mesh)[1].compile().as_text()
+    ops = loss_estimates.top_ops(text, "v5e", mesh.devices.flat, kernels.kernel_cost(config.model), count=10_000)
+    step = loss_estimates.split_estimates(text, "v5e", mesh.devices.flat, kernels.kernel_cost(config.model))
+    kernels_found = {op["op"].split(".")[0]: op for op in ops if op["op"].startswith("pallas_ce")}
+    assert set(kernels_found) == {"pallas_ce_forward", "pallas_ce_hidden_grad", "pallas_ce_kernel_grad"}
+    assert all(op["part"] == "loss" and op["runs"] == 1 for op in kernels_found.values())
+    assert any(op["part"] == "layers" and op["runs"] % 3 == 0 and op["runs"] >= 3 for op in ops)  # the layer loop
+    assert [op["seconds"] for op in ops] == sorted((op["seconds"] for op in ops), reverse=True)
+    # Ops in sequence, collectives not overlapped: at least the step's compiler estimate, not wildly more.
+    assert step["compiler"]["step"] * 0.9 <= sum(op["seconds"] for op in ops) <= step["compiler"]["step"] * 1.5

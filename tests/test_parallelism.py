@@ -152,16 +152,18 @@ def test_the_training_state_is_four_times_the_parameters_within_a_percent():
 
 
 def test_a_data_parallel_state_limit_replicates_the_models_that_fit_and_keeps_run_ids():
-    sweep = load_sweep(PAPER)
-    assert sweep.parallelism == "auto"  # the paper sweep trains each run as its preflight chose
-    room = hardware.TPU_V5E.hbm_bytes // 4
-    limited = dataclasses.replace(sweep, data_parallel_state_bytes=room)
+    limited = load_sweep(PAPER)
+    assert limited.parallelism == "auto"  # the paper sweep trains each run as its preflight chose,
+    room = hardware.TPU_V5E.hbm_bytes // 4  # and without a choice data-parallel up to this state
+    assert limited.data_parallel_state_bytes == room
+    sweep = dataclasses.replace(limited, data_parallel_state_bytes=None)
     runs = limited.expand().runs
     for run in runs:
         data_parallel = budget.training_state_bytes(run.config.model) <= room
         assert (run.config.mesh.data, run.config.mesh.fsdp) == ((-1, 1) if data_parallel else (1, -1)), run.name
     by_name = {run.name: run for run in runs}
     assert by_name["L6-d128-s0"].config.mesh.data == -1 and by_name["L48-d1600-s0"].config.mesh.fsdp == -1
+    assert sum(run.config.mesh.fsdp == 1 for run in runs) == 3 * 32  # 32 of the 48 shapes, 3 seeds each
     # Without the limit (fsdp on every run, as the sweep was) the run ids are the same: the mesh is no part of them.
     assert {run.config.mesh for run in sweep.expand().runs} == {MeshConfig(data=1, fsdp=-1, tensor=1)}
     assert [run.run_id for run in sweep.expand().runs] == [run.run_id for run in runs]

@@ -39,8 +39,9 @@ def test_anchor_widths_keep_both_ends_and_neighbours_within_the_ratio():
     assert quick.anchor_widths([64, 128, 192]) == [64, 128, 192]  # one inside, to measure the error
 
 
-def test_the_paper_sweep_compiles_7_programs_quick_23_by_width_and_48_in_full():
-    runs, _ = spec.load_sweep(PAPER).expand()
+def test_the_paper_sweep_on_one_mesh_compiles_7_programs_quick_23_by_width_and_48_in_full():
+    # The paper sweep with fsdp on every run (no data-parallel limit): one family of programs.
+    runs, _ = dataclasses.replace(spec.load_sweep(PAPER), data_parallel_state_bytes=None).expand()
     programs = programs_of([(run.name, run.config) for run in runs])
     counts = {mode: len(quick.to_compile(programs, mode)) for mode in quick.MODES}
     assert counts == {"quick": 7, "depths": 23, "full": 48}
@@ -55,9 +56,11 @@ def test_the_paper_sweep_compiles_7_programs_quick_23_by_width_and_48_in_full():
 def test_two_mesh_families_are_checked_and_anchored_each_on_their_own():
     # Runs whose state fits a chip replicated (data_parallel_state_bytes), the larger ones fsdp: their programs
     # differ, so each family has its own fit check and anchor widths.
-    sweep = dataclasses.replace(spec.load_sweep(PAPER), data_parallel_state_bytes=hardware.TPU_V5E.hbm_bytes // 4)
+    sweep = spec.load_sweep(PAPER)  # as the paper sweep is: its limit a quarter of a v5e chip's HBM
+    assert sweep.data_parallel_state_bytes == hardware.TPU_V5E.hbm_bytes // 4
     programs = programs_of([(run.name, run.config) for run in sweep.expand().runs])
-    assert len(quick.to_compile(programs, "quick")) == 14
+    assert {mode: len(quick.to_compile(programs, mode)) for mode in quick.MODES} == \
+        {"quick": 14, "depths": 25, "full": 48}
     fit_check = {(p.depth, p.width, p.config.mesh.fsdp) for p in quick.non_dominated(programs)}
     assert fit_check == {(48, 1600, -1), (36, 1856, -1), (24, 768, 1), (30, 704, 1), (36, 640, 1)}
 
