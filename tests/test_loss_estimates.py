@@ -54,3 +54,18 @@ def test_the_costliest_ops_count_loop_trips_and_name_the_loss_kernels():
     assert [op["seconds"] for op in ops] == sorted((op["seconds"] for op in ops), reverse=True)
     # Ops in sequence, collectives not overlapped: at least the step's compiler estimate, not wildly more.
     assert step["compiler"]["step"] * 0.9 <= sum(op["seconds"] for op in ops) <= step["compiler"]["step"] * 1.5
+
+
+def test_the_committed_paper_preflights_compare_row_by_row():
+    """benchmarks/preflight_compare.py reads both committed reports: all 48 shapes, each a range, and the
+    data-parallel rows with the Pallas loss faster at the slow end than before."""
+    import preflight_compare
+
+    folder = REPO / "benchmarks" / "paper_preflight"
+    before, after = ((folder / name).read_text() for name in ("before.txt", "after.txt"))
+    old, new = preflight_compare.step_ranges(before), preflight_compare.step_ranges(after)
+    assert len(old) == len(new) == 48 and set(old) == set(new)
+    assert all(low < high for low, high in [*old.values(), *new.values()])
+    assert old["L6-d128-s0"][1] / new["L6-d128-s0"][1] > 2  # the compiler's end: 77.9 -> 32.3 ms
+    table = preflight_compare.compare(before, after)
+    assert table.count("\n| L") == 48 and "chip-hours" in table and "price:" in table
