@@ -105,6 +105,13 @@ def test_pallas_tiles_shrink_for_wide_models_and_short_inputs():
         pallas_loss.pallas_loss_sum(hidden, kernel, targets, weights, vocab_size=260)
 
 
+def test_pallas_loss_is_refused_on_a_gpu_rather_than_interpreted(monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    hidden, kernel, targets, weights = inputs(260, 16)
+    with pytest.raises(ValueError, match="on gpu use loss_impl='auto', 'chunked' or 'fused'"):
+        pallas_loss.pallas_loss_sum(hidden, kernel, targets, weights, vocab_size=260)
+
+
 @pytest.mark.parametrize("impl", FUSED)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_fused_loss_in_bfloat16_agrees_with_the_chunked_one_to_a_rounding_of_bfloat16(shape, impl):

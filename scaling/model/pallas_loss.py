@@ -344,6 +344,9 @@ def pallas_loss_sum(hidden, kernel, targets, weights, *, vocab_size: int, interp
     if interpret is None:
         mesh = mesh_lib.active_mesh()
         platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+        if platform not in ("tpu", "cpu"):  # the interpreter would train, hundreds of times slower
+            raise ValueError(f"model.loss_impl='pallas' runs TPU kernels (Pallas' interpreter on a CPU, for "
+                             f"tests); on {platform} use loss_impl='auto', 'chunked' or 'fused'")
         interpret = platform != "tpu"
     padded_vocab = kernel.shape[1]
     padded = jnp.pad(kernel, ((0, 0), (0, -padded_vocab % VOCAB_BLOCK)))  # zero columns, masked as padding ids
