@@ -119,8 +119,9 @@ class ModelConfig:
     # (micro)batch at a time (``scaling.model.loss.cross_entropy_sum``): memory, not
     # results, depends on it.
     loss_chunk_tokens: PositiveInt = 8192
-    # ``auto``, ``chunked`` or ``fused`` (``LOSS_IMPLS``): the same loss computed two ways, so not part of the
-    # run id. ``fused`` never forms more than one vocabulary block of a slice's logits (scaling/model/fused_loss.py).
+    # ``auto``, ``chunked``, ``fused`` or ``pallas`` (``LOSS_IMPLS``): the same loss computed three ways, so not
+    # part of the run id. ``fused`` never forms more than one vocabulary block of a slice's logits
+    # (scaling/model/fused_loss.py); ``pallas`` keeps each tile of logits on a TPU's chip (pallas_loss.py).
     loss_impl: LossImpl = "auto"
 
     def __post_init__(self):
