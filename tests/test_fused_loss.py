@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import tiny
 from model_params import init_params
 from scaling.config import LOSS_IMPLS, MeshConfig, ModelConfig, TrainConfig, config_id
-from scaling.model import fused_loss, mesh as mesh_lib, pallas_loss
+from scaling.model import fused_loss, mesh as mesh_lib, packed, pallas_loss
 from scaling.model.loss import compute_loss, cross_entropy_sum, resolve_loss_impl
 from scaling.model.transformer import Transformer, padded_vocab_size
 from scaling.store.metrics_log import read_metrics
@@ -279,3 +279,19 @@ def test_the_pallas_loss_compiles_for_a_tpu_without_whole_logits_and_declares_it
     assert any("forward" in name for name in priced) and len(priced) == 3
     assert logits_arrays(module) == []
     assert logits_arrays(compiled("chunked"))  # the check can fail: the chunked loss forms whole logits
+
+
+def test_a_pack_with_the_pallas_loss_trains_as_its_members_do_alone_with_the_chunked_one(eight_devices):
+    """Packed runs vmap the step over a ``runs`` mesh axis (``scaling.model.packed``): the kernels' shard_map
+    and custom VJP must batch, each group of 2 devices summing only its own run's unembedding gradient.
+    Tolerance as tests/test_packed.py's (summation order only)."""
+    import test_packed
+
+    runs = test_packed.configs((0, 3e-3), (1, 1e-3), (2, 1e-2), (3, 2e-3))
+    kernels_ = [dataclasses.replace(c, model=dataclasses.replace(c.model, loss_impl="pallas")) for c in runs]
+    mesh = mesh_lib.make_packed_mesh(MeshConfig(), runs=4, devices=eight_devices)
+    pack = packed.build_packed(packed.pack_shape(kernels_, **test_packed.arguments(kernels_[0])), mesh, 4)
+    rows, _ = test_packed.train_packed(pack, kernels_, steps=3)
+    for member, config in enumerate(runs):
+        losses, _ = test_packed.train_solo(config, mesh_lib.group_mesh(mesh, 0), steps=3)
+        np.testing.assert_allclose([row[member]["loss"] for row in rows], losses, rtol=test_packed.RTOL)
