@@ -109,8 +109,10 @@ def _dot(a, b, contract, upcast: bool):
     return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
 
 
-def _forward_kernel(hidden_ref, kernel_ref, target_ref, lse_ref, picked_ref, peak, total, picked, *,
-                    vocab_size: int, vocab_block: int, upcast: bool):
+def _online_softmax_step(hidden_ref, kernel_ref, target_ref, peak, total, picked, vocab_size, vocab_block, upcast):
+    """One vocabulary tile of the forward pass: the running maximum, the sum of exponentials rescaled to it
+    and the target's logit updated in scratch; returns the tile's exp(logit - new maximum) and the factor
+    exp(old maximum - new maximum) that rescales what was summed before."""
     j = pl.program_id(1)
 
     @pl.when(j == 0)
@@ -122,34 +124,42 @@ def _forward_kernel(hidden_ref, kernel_ref, target_ref, lse_ref, picked_ref, pea
     raw = _dot(hidden_ref[...], kernel_ref[...], ((1,), (0,)), upcast)  # [rows, ids]
     logits, ids = _tile_logits(raw, j * vocab_block, 1, vocab_size, hidden_ref.dtype)
     new_peak = jnp.maximum(peak[...], logits.max(axis=1, keepdims=True))
-    total[...] = total[...] * jnp.exp(peak[...] - new_peak) + jnp.exp(logits - new_peak).sum(axis=1, keepdims=True)
+    rescale = jnp.exp(peak[...] - new_peak)
+    exps = jnp.exp(logits - new_peak)
+    total[...] = total[...] * rescale + exps.sum(axis=1, keepdims=True)
     peak[...] = new_peak
     picked[...] += jnp.where(ids == target_ref[...], logits, 0.0).sum(axis=1, keepdims=True)
+    return exps, rescale
 
-    @pl.when(j == pl.num_programs(1) - 1)
+
+def _forward_kernel(hidden_ref, kernel_ref, target_ref, lse_ref, picked_ref, peak, total, picked, *,
+                    vocab_size: int, vocab_block: int, upcast: bool):
+    _online_softmax_step(hidden_ref, kernel_ref, target_ref, peak, total, picked, vocab_size, vocab_block, upcast)
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
     def _():
         lse_ref[...] = peak[...] + jnp.log(total[...])
         picked_ref[...] = picked[...]
 
 
-def _hidden_grad_kernel(hidden_ref, kernel_ref, target_ref, lse_ref, scale_ref, grad_ref, acc, *,
-                        vocab_size: int, vocab_block: int, upcast: bool):
-    j = pl.program_id(1)
-
-    @pl.when(j == 0)
+def _forward_expectation_kernel(hidden_ref, kernel_ref, target_ref, lse_ref, picked_ref, expect_ref, peak, total,
+                                picked, acc, *, vocab_size: int, vocab_block: int, upcast: bool):
+    """The forward kernel that also accumulates Σ_v p_v · kernel[:, v] per row (the softmax's expectation of
+    the unembedding's columns), rescaled with the running maximum as flash attention rescales its output."""
+    @pl.when(pl.program_id(1) == 0)
     def _():
         acc[...] = jnp.zeros(acc.shape, jnp.float32)
 
-    raw = _dot(hidden_ref[...], kernel_ref[...], ((1,), (0,)), upcast)  # [rows, ids]
-    logits, ids = _tile_logits(raw, j * vocab_block, 1, vocab_size, hidden_ref.dtype)
-    probs = jnp.exp(logits - lse_ref[...])
-    logit_grad = ((probs - (ids == target_ref[...]).astype(jnp.float32)) * scale_ref[...]).astype(kernel_ref.dtype)
+    exps, rescale = _online_softmax_step(hidden_ref, kernel_ref, target_ref, peak, total, picked, vocab_size,
+                                         vocab_block, upcast)
     # [rows, ids] · [width, ids]ᵀ: contract the ids of both
-    acc[...] += _dot(logit_grad, kernel_ref[...], ((1,), (1,)), upcast)
+    acc[...] = acc[...] * rescale + _dot(exps.astype(kernel_ref.dtype), kernel_ref[...], ((1,), (1,)), upcast)
 
-    @pl.when(j == pl.num_programs(1) - 1)
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
     def _():
-        grad_ref[...] = acc[...].astype(grad_ref.dtype)
+        lse_ref[...] = peak[...] + jnp.log(total[...])
+        picked_ref[...] = picked[...]
+        expect_ref[...] = acc[...] / total[...]
 
 
 def _kernel_grad_kernel(hidden_ref, kernel_t_ref, target_ref, lse_ref, scale_ref, grad_ref, acc, *,
@@ -211,27 +221,31 @@ def lse_and_target(hidden, kernel, targets, *, vocab_size: int, interpret: bool 
     )(hidden, kernel, targets)
 
 
-def hidden_grad(hidden, kernel, targets, lse, scale, *, vocab_size: int, interpret: bool = False):
-    """d loss / d hidden [rows, width] in the compute dtype; ``lse`` and ``scale`` (the loss's cotangent times
-    each row's weight) float32 [rows, 1], the rest as ``lse_and_target``."""
+def lse_target_expectation(hidden, kernel, targets, *, vocab_size: int, interpret: bool = False):
+    """``lse_and_target`` and, float32 [rows, width], each row's Σ_v p_v · kernel[:, v], the term of the
+    hidden states' gradient that needs the whole softmax (``_device_forward``): one matmul pass more over the
+    tiles, in the same kernel."""
     rows, width, ids, block, item, tile = _shapes(hidden, kernel)
     per_row = pl.BlockSpec((block, 1), lambda i, j: (i, 0))
+    column = jax.ShapeDtypeStruct((rows, 1), jnp.float32)
+    whole_rows = pl.BlockSpec((block, width), lambda i, j: (i, 0))
     return pl.pallas_call(
-        functools.partial(_hidden_grad_kernel, vocab_size=vocab_size, vocab_block=tile, upcast=interpret),
+        functools.partial(_forward_expectation_kernel, vocab_size=vocab_size, vocab_block=tile, upcast=interpret),
         grid=(rows // block, ids // tile),
-        in_specs=[pl.BlockSpec((block, width), lambda i, j: (i, 0)),
-                  pl.BlockSpec((width, tile), lambda i, j: (0, j)), per_row, per_row, per_row],
-        out_specs=pl.BlockSpec((block, width), lambda i, j: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((rows, width), hidden.dtype),
-        scratch_shapes=[pltpu.VMEM((block, width), jnp.float32)],
+        in_specs=[whole_rows, pl.BlockSpec((width, tile), lambda i, j: (0, j)), per_row],
+        out_specs=[per_row, per_row, whole_rows],
+        out_shape=[column, column, jax.ShapeDtypeStruct((rows, width), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block, 1), jnp.float32)] * 3 + [pltpu.VMEM((block, width), jnp.float32)],
         compiler_params=_params("parallel", "arbitrary"),
-        cost_estimate=_cost(rows, width, ids, 2, item * (2 * rows * width + rows // block * width * ids) + 12 * rows),
-        interpret=interpret, name="pallas_ce_hidden_grad",
-    )(hidden, kernel, targets, lse, scale)
+        cost_estimate=_cost(rows, width, ids, 2, item * (rows * width + rows // block * width * ids)
+                            + 4 * rows * width + 12 * rows),
+        interpret=interpret, name="pallas_ce_forward_expectation",
+    )(hidden, kernel, targets)
 
 
 def kernel_grad(hidden, kernel, targets, lse, scale, *, vocab_size: int, interpret: bool = False):
-    """d loss / d kernel [width, ids] in float32 (one device's rows only), arguments as ``hidden_grad``."""
+    """d loss / d kernel [width, ids] in float32 (one device's rows only): ``lse`` and ``scale`` (the loss's
+    cotangent times each row's weight) float32 [rows, 1], the rest as ``lse_and_target``."""
     rows, width, ids, block, item, _ = _shapes(hidden, kernel)
     id_block = ids_block(width)
     along_lanes = pl.BlockSpec((1, block), lambda j, i: (0, i))
@@ -276,12 +290,24 @@ def _device_lse(hidden, kernel, targets, vocab_size, interpret):
     return rows.unflat(lse)[..., 0], rows.unflat(picked)[..., 0]
 
 
-def _device_grads(hidden, kernel, targets, lse, scale, vocab_size, interpret, batch_axes):
+def _device_forward(hidden, kernel, targets, weights, vocab_size, interpret):
+    """(log-sum-exp, target's logit, d(Σ weights · loss) / d hidden in float32) of one device's rows. The
+    gradient is weight · (Σ_v p_v · kernel[:, v] − kernel[:, target]): linear in the loss's cotangent, so the
+    backward pass only scales it."""
     rows = _Rows(hidden.shape)
-    args = (rows.flat(hidden), kernel, rows.flat(targets, jnp.int32), rows.flat(lse), rows.flat(scale))
-    d_hidden = rows.unflat(hidden_grad(*args, vocab_size=vocab_size, interpret=interpret))
-    d_kernel = kernel_grad(*args, vocab_size=vocab_size, interpret=interpret)
-    return d_hidden, (jax.lax.psum(d_kernel, batch_axes) if batch_axes else d_kernel)
+    lse, picked, expectation = lse_target_expectation(rows.flat(hidden), kernel, rows.flat(targets, jnp.int32),
+                                                      vocab_size=vocab_size, interpret=interpret)
+    target_columns = jnp.take(kernel, targets, axis=1, mode="clip")  # [width, batch, length]
+    grad = (rows.unflat(expectation) - jnp.moveaxis(target_columns, 0, -1).astype(jnp.float32)) \
+        * weights.astype(jnp.float32)[..., None]
+    return rows.unflat(lse)[..., 0], rows.unflat(picked)[..., 0], grad
+
+
+def _device_kernel_grad(hidden, kernel, targets, lse, scale, vocab_size, interpret, batch_axes):
+    rows = _Rows(hidden.shape)
+    d_kernel = kernel_grad(rows.flat(hidden), kernel, rows.flat(targets, jnp.int32), rows.flat(lse),
+                           rows.flat(scale), vocab_size=vocab_size, interpret=interpret)
+    return jax.lax.psum(d_kernel, batch_axes) if batch_axes else d_kernel
 
 
 def _on_devices(fn, batch_axes, in_batched, out_batched):
@@ -291,8 +317,9 @@ def _on_devices(fn, batch_axes, in_batched, out_batched):
     if mesh is None or mesh.devices.size == 1:
         return fn
     spec = lambda batched: jax.sharding.PartitionSpec(batch_axes or None) if batched else jax.sharding.PartitionSpec()  # noqa: E731
-    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(map(spec, in_batched)),
-                         out_specs=tuple(map(spec, out_batched)), check_vma=False)
+    out_specs = spec(out_batched) if isinstance(out_batched, bool) else tuple(map(spec, out_batched))
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(map(spec, in_batched)), out_specs=out_specs,
+                         check_vma=False)
 
 
 def _batch_axes(batch: int) -> tuple[str, ...]:
@@ -302,25 +329,29 @@ def _batch_axes(batch: int) -> tuple[str, ...]:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _loss_sum(hidden, kernel, targets, weights, vocab_size: int, interpret: bool):
-    return _loss_forward(hidden, kernel, targets, weights, vocab_size, interpret)[0]
+    axes = _batch_axes(hidden.shape[0])  # not differentiated (evaluation): the forward kernel alone
+    lse, picked = _on_devices(functools.partial(_device_lse, vocab_size=vocab_size, interpret=interpret), axes,
+                              (True, False, True), (True, True))(hidden, kernel, targets)
+    return ((lse - picked) * weights.astype(jnp.float32)).sum()
 
 
 def _loss_forward(hidden, kernel, targets, weights, vocab_size, interpret):
     axes = _batch_axes(hidden.shape[0])
-    lse, picked = _on_devices(functools.partial(_device_lse, vocab_size=vocab_size, interpret=interpret), axes,
-                              (True, False, True), (True, True))(hidden, kernel, targets)
+    lse, picked, hidden_grad = _on_devices(
+        functools.partial(_device_forward, vocab_size=vocab_size, interpret=interpret), axes,
+        (True, False, True, True), (True, True, True))(hidden, kernel, targets, weights)
     total = ((lse - picked) * weights.astype(jnp.float32)).sum()
-    return total, (hidden, kernel, targets, weights, lse, picked)
+    return total, (hidden, kernel, targets, weights, lse, picked, hidden_grad)
 
 
 def _loss_backward(vocab_size, interpret, saved, g):
-    hidden, kernel, targets, weights, lse, picked = saved
+    hidden, kernel, targets, weights, lse, picked, hidden_grad = saved
     axes = _batch_axes(hidden.shape[0])
-    grads = functools.partial(_device_grads, vocab_size=vocab_size, interpret=interpret, batch_axes=axes)
-    d_hidden, d_kernel = _on_devices(grads, axes, (True, False, True, True, True), (True, False))(
+    grads = functools.partial(_device_kernel_grad, vocab_size=vocab_size, interpret=interpret, batch_axes=axes)
+    d_kernel = _on_devices(grads, axes, (True, False, True, True, True), False)(
         hidden, kernel, targets, lse, g * weights.astype(jnp.float32))
-    return (d_hidden, d_kernel.astype(kernel.dtype), np.zeros(targets.shape, jax.dtypes.float0),
-            ((lse - picked) * g).astype(weights.dtype))
+    return ((g * hidden_grad).astype(hidden.dtype), d_kernel.astype(kernel.dtype),
+            np.zeros(targets.shape, jax.dtypes.float0), ((lse - picked) * g).astype(weights.dtype))
 
 
 _loss_sum.defvjp(_loss_forward, _loss_backward)
