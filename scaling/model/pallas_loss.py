@@ -2,32 +2,37 @@
 
 ``model.loss_impl="pallas"``. ``scaling.model.fused_loss`` computes the same
 loss in plain JAX, in vocabulary blocks; XLA still writes every block's
-logits to HBM between the matmul and the passes that reduce them, and
-libtpu prices those passes at about what the chunked loss's cost. Here three
-kernels keep each [rows, ids] tile of logits in VMEM from the matmul that
-forms it to the reductions that consume it:
+logits to HBM between the matmul that forms them and the passes that reduce
+them, and libtpu prices those passes at about what the chunked loss's cost.
+Here each [rows, ids] tile of logits stays in VMEM from the matmul that
+forms it to the reductions that consume it. Two kernels carry a training
+step:
 
-- forward, a grid (row blocks, vocabulary blocks) with the vocabulary inner:
-  the tile's logits, an online log-sum-exp (running maximum and the sum of
-  exponentials rescaled to it: "Online normalizer calculation for softmax",
-  Milakov and Gimelshein, 2018, section 3) and the target's logit, all in
-  float32 scratch; out come the log-sum-exp and the target logit per row;
-- the hidden states' gradient, the same grid: the tile's logits recomputed,
-  the softmax read off the saved log-sum-exp, minus the one-hot, times the
-  row's scale, times the unembedding block (transposed), summed over the
-  vocabulary in float32;
-- the unembedding's gradient, a grid (vocabulary blocks, row blocks) with
-  the rows inner: the same tile, computed ids-first ([ids, rows]), times the
-  hidden rows, summed over the rows in float32.
+- forward, a grid (row tiles, vocabulary tiles) with the vocabulary inner:
+  the tile's logits, an online log-sum-exp (a running maximum and the sum
+  of exponentials rescaled to it: "Online normalizer calculation for
+  softmax", Milakov and Gimelshein, 2018, section 3) and the target's logit
+  in float32 scratch; and, in the same pass, Σ_v p_v · kernel[:, v], the
+  softmax's expectation of the unembedding's columns, accumulated and
+  rescaled with the running maximum as flash attention rescales its output
+  ("FlashAttention", Dao et al., 2022, section 3.1). The hidden states'
+  gradient of Σ weights · loss is weight · (that expectation −
+  kernel[:, target]): linear in the loss's cotangent, so the backward pass
+  only scales it, and no kernel recomputes the logits for it;
+- the unembedding's gradient, a grid (vocabulary tiles, row tiles) with the
+  rows inner: the tile computed ids-first ([ids, rows]), the softmax read
+  off the saved log-sum-exp, minus the one-hot, times the row's scale, times
+  the hidden rows, summed over the rows in float32. Each output block is
+  written by one run of its inner loop, as a Pallas TPU grid requires.
 
-The backward kernels recompute the logits once each (five matmul passes in
-all against the plain version's three), which buys independence from the
-row order: each output block is written by one run of its inner loop, as a
-Pallas TPU grid requires. This is the scheme of Cut Cross-Entropy ("Cut Your
-Losses in Large-Vocabulary Language Models", Wijmans et al., ICLR 2025,
-section 4), written for this project's loss: per-row weights (documents'
-padding, the masked objective) and a mask for ids at or beyond the real
-vocabulary, which Tokamax's kernel lacks (``scaling.model.fused_loss``).
+That is four matmul passes over the vocabulary (two per kernel) against the
+chunked loss's three. Evaluation, which takes no gradient, runs a forward
+kernel without the expectation (one pass). This is the blockwise scheme of
+Cut Cross-Entropy ("Cut Your Losses in Large-Vocabulary Language Models",
+Wijmans et al., ICLR 2025, section 4), written for this project's loss:
+per-row weights (documents' padding, the masked objective) and a mask for
+ids at or beyond the real vocabulary, which Tokamax's kernel lacks
+(``scaling.model.fused_loss``).
 
 Each kernel declares a ``pl.CostEstimate`` (its matmul FLOPs, exponentials
 and HBM bytes), which the preflight prices by the roofline
@@ -38,7 +43,8 @@ kernel, and the vector unit's work on each logit is not in that price
 Numbers: logits are rounded to the compute dtype as the chunked loss rounds
 them, every reduction and accumulation is float32, and the gradients are
 rounded once. On a CPU the kernels run in Pallas' interpreter (slow: tests
-only); ``loss_impl="auto"`` never picks them off a TPU.
+only); ``loss_impl="auto"`` never picks them off a TPU, and a GPU refuses
+them.
 """
 
 from __future__ import annotations
