@@ -93,10 +93,11 @@ def test_pallas_loss_spans_several_row_and_vocabulary_tiles(small_pallas_tiles):
 
 
 def test_pallas_tiles_shrink_for_wide_models_and_short_inputs():
-    """The tile sizes the compiles for v5e (``test_the_pallas_loss_compiles_...``, and by hand for widths up to
-    ``MAX_WIDTH``) showed fit its scoped VMEM, where [512, 2048] float32 gradient tiles did not."""
-    assert pallas_loss.row_block(32768, 128) == 2048 and pallas_loss.row_block(32768, 2048) == 256
-    assert pallas_loss.row_block(32768, 320) == 1024  # 1,536 fits but does not divide the rows
+    """The tile sizes that fit v5e's scoped VMEM (``test_the_kernels_fit_a_v5e_chips_vmem``), where [512, 2048]
+    float32 gradient tiles, 2,048-row tiles at d = 192 and 1,024-row ones at d = 448 did not."""
+    assert pallas_loss.row_block(32768, 128) == 1024 and pallas_loss.row_block(32768, 2048) == 128
+    assert pallas_loss.row_block(32768, 448) == 512  # 768 fits but does not divide the rows
+    assert pallas_loss.row_block(32768, 320, itemsize=4) == 512  # float32 tiles: half the rows
     assert pallas_loss.row_block(24, 32) == 128  # one tile, padded
     assert pallas_loss.row_block(2048, 8192) == 128  # never below a lane's 128 rows
     assert [pallas_loss.vocab_block(w) for w in (128, 2048, 4096)] == [512, 512, 256]
@@ -295,3 +296,27 @@ def test_a_pack_with_the_pallas_loss_trains_as_its_members_do_alone_with_the_chu
     for member, config in enumerate(runs):
         losses, _ = test_packed.train_solo(config, mesh_lib.group_mesh(mesh, 0), steps=3)
         np.testing.assert_allclose([row[member]["loss"] for row in rows], losses, rtol=test_packed.RTOL)
+
+
+@pytest.mark.parametrize("width, dtype", [(128, "bfloat16"), (192, "bfloat16"), (448, "bfloat16"),
+                                          (2048, "bfloat16"), (4096, "bfloat16"), (320, "float32")])
+def test_the_kernels_fit_a_v5e_chips_vmem(width, dtype):
+    """Compiled ahead of time for v5e with libtpu: libtpu refuses a kernel whose tiles, scratch and temporaries
+    exceed the scoped VMEM, so each width's tiles (``row_block``, ``vocab_block``, ``ids_block``) compile or
+    this fails. The tiles do not depend on the rows beyond the first tile's worth."""
+    from test_preflight import require_libtpu
+
+    require_libtpu()
+    from sweeps import preflight
+
+    devices = preflight.topology_devices(preflight.parse_topology("v5e:1x1"))
+    whole = NamedSharding(mesh_lib.make_mesh(MeshConfig(), devices), PartitionSpec())
+    compute = jnp.dtype(dtype)
+    shapes = [((4, 1024, width), compute), ((width, padded_vocab_size(50261)), compute), ((4, 1024), jnp.int32),
+              ((4, 1024), jnp.float32)]
+    args = [jax.ShapeDtypeStruct(shape, kind, sharding=whole) for shape, kind in shapes]
+
+    def loss(hidden, kernel, targets, weights):
+        return pallas_loss.pallas_loss_sum(hidden, kernel, targets, weights, vocab_size=50261, interpret=False)
+
+    jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(*args).compile()

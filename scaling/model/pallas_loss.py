@@ -63,21 +63,25 @@ from scaling.model.transformer import _PADDING_LOGIT
 # Tile sizes. Large tiles mean fewer grid steps (each has a fixed cost) and fewer re-reads of the operand the
 # inner loop walks; the bound is VMEM: libtpu refuses a kernel whose double-buffered blocks, scratch and
 # temporaries exceed its scoped VMEM (16 MiB by default on v5e), as it did for d = 2048 with [512, 2048]
-# float32 blocks of the unembedding's gradient.
-ROW_BLOCK = 2048  # rows per tile at most (fewer for wide models: ``row_block``); [2048, 512] f32 logits: 4 MiB
-VOCAB_BLOCK = 512  # ids per tile of the forward and hidden-gradient kernels
-TILE_ELEMENTS = 1024 * 512  # a [rows, width] or [ids, width] tile held in float32 has at most this many
+# float32 blocks of the unembedding's gradient, and for d = 192 with 2,048-row tiles in the forward kernel
+# (whose [rows, 1] statistics each fill [rows, 128] of VMEM, the lane width).
+ROW_BLOCK = 1024  # rows per tile at most (fewer for wide models: ``row_block``); [1024, 512] f32 logits: 2 MiB
+VOCAB_BLOCK = 512  # ids per tile of the forward kernels (fewer for wide models: ``vocab_block``)
+TILE_ELEMENTS = 1024 * 512  # an [ids, width] tile of the unembedding (or its float32 gradient) at most
+ROW_TILE_ELEMENTS = 1024 * 384  # a [rows, width] tile of the forward kernel's float32 expectation at most
 
 
 MAX_WIDTH = 4096  # the widest model whose kernels fit the default scoped VMEM (compiled for v5e)
 
 
-def row_block(rows: int, width: int) -> int:
-    """Rows per tile for ``rows`` rows of ``width`` channels: the largest multiple of 128 (the lane width) up
-    to ``ROW_BLOCK`` that divides ``rows`` rounded up to 128, fewer for wide models (the hidden gradient's
-    float32 tile is rows × width, at most ``TILE_ELEMENTS``)."""
+def row_block(rows: int, width: int, itemsize: int = 2) -> int:
+    """Rows per tile for ``rows`` rows of ``width`` channels of ``itemsize`` bytes (2: bfloat16): the largest
+    multiple of 128 (the lane width) up to ``ROW_BLOCK`` that divides ``rows`` rounded up to 128, fewer for
+    wide models (the forward kernel's float32 expectation tile is rows × width, at most
+    ``ROW_TILE_ELEMENTS``, halved for float32 inputs, whose tiles are twice the bytes)."""
     padded = -(-rows // 128) * 128
-    block = max(128, min(ROW_BLOCK, TILE_ELEMENTS // max(1, width), padded) // 128 * 128)
+    budget = ROW_TILE_ELEMENTS * 2 // max(2, itemsize)
+    block = max(128, min(ROW_BLOCK, budget // max(1, width), padded) // 128 * 128)
     while padded % block:
         block -= 128
     return block
@@ -200,7 +204,7 @@ def _cost(rows: int, width: int, ids: int, matmuls: int, bytes_accessed: int) ->
 def _shapes(hidden, kernel):
     rows, width = hidden.shape
     ids = kernel.shape[1]
-    block = row_block(rows, width)
+    block = row_block(rows, width, hidden.dtype.itemsize)
     if rows % block or ids % VOCAB_BLOCK:
         raise ValueError(f"pallas loss: rows={rows} must be a multiple of {block} and ids={ids} of {VOCAB_BLOCK}"
                          " (pallas_loss_sum pads them)")
@@ -276,10 +280,10 @@ class _Rows:
     """Per-device [batch, length, ...] arrays as the kernels' [rows, ...], rows padded to the row block (the
     padded rows carry weight 0), and back."""
 
-    def __init__(self, hidden_shape):
-        batch, length, width = hidden_shape
+    def __init__(self, hidden):
+        batch, length, width = hidden.shape
         self.shape, self.rows = (batch, length), batch * length
-        self.extra = -self.rows % row_block(self.rows, width)
+        self.extra = -self.rows % row_block(self.rows, width, hidden.dtype.itemsize)
 
     def flat(self, x, dtype=None):
         x = x.reshape(self.rows, -1).astype(dtype or x.dtype)
@@ -290,7 +294,7 @@ class _Rows:
 
 
 def _device_lse(hidden, kernel, targets, vocab_size, interpret):
-    rows = _Rows(hidden.shape)
+    rows = _Rows(hidden)
     lse, picked = lse_and_target(rows.flat(hidden), kernel, rows.flat(targets, jnp.int32), vocab_size=vocab_size,
                                  interpret=interpret)
     return rows.unflat(lse)[..., 0], rows.unflat(picked)[..., 0]
@@ -300,7 +304,7 @@ def _device_forward(hidden, kernel, targets, weights, vocab_size, interpret):
     """(log-sum-exp, target's logit, d(Σ weights · loss) / d hidden in float32) of one device's rows. The
     gradient is weight · (Σ_v p_v · kernel[:, v] − kernel[:, target]): linear in the loss's cotangent, so the
     backward pass only scales it."""
-    rows = _Rows(hidden.shape)
+    rows = _Rows(hidden)
     lse, picked, expectation = lse_target_expectation(rows.flat(hidden), kernel, rows.flat(targets, jnp.int32),
                                                       vocab_size=vocab_size, interpret=interpret)
     target_columns = jnp.take(kernel, targets, axis=1, mode="clip")  # [width, batch, length]
@@ -310,7 +314,7 @@ def _device_forward(hidden, kernel, targets, weights, vocab_size, interpret):
 
 
 def _device_kernel_grad(hidden, kernel, targets, lse, scale, vocab_size, interpret, batch_axes):
-    rows = _Rows(hidden.shape)
+    rows = _Rows(hidden)
     d_kernel = kernel_grad(rows.flat(hidden), kernel, rows.flat(targets, jnp.int32), rows.flat(lse),
                            rows.flat(scale), vocab_size=vocab_size, interpret=interpret)
     return jax.lax.psum(d_kernel, batch_axes) if batch_axes else d_kernel
