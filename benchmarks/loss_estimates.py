@@ -43,13 +43,14 @@ _FRAME = re.compile(r"stack_frame_id=(\d+)")
 IMPLS = ("chunked", "fused", "pallas")
 
 
-MESHES = {"fsdp": None, "data": (-1, 1)}  # the paper sweep's mesh as it stands, or (data, fsdp)
+MESHES = {"fsdp": (1, -1), "data": (-1, 1)}  # (data, fsdp): parameters sharded over the chips, or replicated
 
 
 def runs(gpt3_xl: bool, pattern: str = "L6-*", impls=IMPLS, meshes=("fsdp",)) -> list[tuple[str, object, str]]:
-    """(name, TrainConfig, topology) per loss implementation of ``impls`` and mesh of ``meshes`` (``MESHES``):
-    the paper sweep's rows matching ``pattern`` (seed 0) on v5e:2x4, and with ``gpt3_xl`` GPT-3 XL on v5e:16x16
-    (``compiled_steps.runs_to_save``; GPT-3 XL keeps its own mesh)."""
+    """(name, TrainConfig, topology) per loss implementation of ``impls`` and mesh of ``meshes`` (``MESHES``,
+    whatever the sweep's own: it trains small runs data-parallel): the paper sweep's rows matching ``pattern``
+    (seed 0) on v5e:2x4, and with ``gpt3_xl`` GPT-3 XL on v5e:16x16 (``compiled_steps.runs_to_save``; GPT-3 XL
+    keeps its own mesh)."""
     from compiled_steps import runs_to_save
     from scaling.config import MeshConfig
 
@@ -57,10 +58,10 @@ def runs(gpt3_xl: bool, pattern: str = "L6-*", impls=IMPLS, meshes=("fsdp",)) ->
     chosen += [(run, "fsdp") for run in (runs_to_save("gpt3-xl") if gpt3_xl else [])]
     out = []
     for (name, config, topology), mesh in chosen:
-        if MESHES[mesh] is not None:
+        if not name.startswith("gpt3"):
             data, fsdp = MESHES[mesh]
             config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, data=data, fsdp=fsdp))
-            name = f"{name}-{mesh}"
+            name += "-data" if mesh == "data" else ""  # the names of programs saved before the mesh was a choice
         for impl in impls:
             out.append((f"{name}-{impl}", dataclasses.replace(config, model=dataclasses.replace(
                 config.model, loss_impl=impl)), topology))
@@ -319,8 +320,8 @@ def main(argv=None) -> int:
     save_parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
                              help="loss implementations to compile (default: all)")
     save_parser.add_argument("--meshes", nargs="+", choices=list(MESHES), default=["fsdp"],
-                             help="the paper rows' meshes: fsdp (parameters sharded, the sweep's fallback) and/or "
-                                  "data (replicated); default fsdp")
+                             help="the paper rows' meshes: fsdp (parameters sharded) and/or data (replicated); "
+                                  "default fsdp")
     table_parser = commands.add_parser("table", help="price DIR's programs: a markdown table (and DIR/rows.json)")
     table_parser.add_argument("directory", type=Path, metavar="DIR")
     ops_parser = commands.add_parser("ops", help="the costliest ops of one saved program (the compiler's estimate)")
