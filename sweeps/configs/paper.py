@@ -46,7 +46,7 @@ shards parameters and optimizer state with the fsdp axis over all devices
 otherwise. Replicated, a small model's matmuls contract over its whole width
 on every chip; fully sharded over 8 chips, its gathered matmuls contract
 over slivers of the width, which fill a fraction of the matrix unit (libtpu's
-estimates for the L6 rows on v5e:2x4: up to 1.4× faster steps data-parallel;
+estimates for the L6 rows on v5e:2x4: 1.35-1.56× faster steps data-parallel;
 ``benchmarks/loss_estimates.md``).
 The quick preflight then compiles two families of programs (14, not 7).
 The fsdp size must divide the widths: on 256 chips fsdp=256 divides none
