@@ -152,7 +152,7 @@ def slice_positions(batch: int, length: int, chunk_tokens: int, batch_shards: in
 # parallelism every device would run the whole vocabulary (``scaling.model.pallas_loss``), so the chunked loss
 # keeps it split. On a CPU or GPU the kernels do not compile (Pallas' interpreter only), and the plain-JAX
 # fused loss measured no faster than the chunked one on a CPU (benchmarks/README.md).
-FUSED_TOKENS_PER_CHANNEL = 64  # measured: >= 102 cheaper fused, 1 dearer; between untested, so set high
+FUSED_TOKENS_PER_CHANNEL = 64  # measured: >= 102 cheaper blocked (fused, pallas), 1 dearer; between untested
 
 
 def resolve_loss_impl(impl: str, device_tokens: int = 0, width: int = 1, vocab_shards: int = 1) -> str:

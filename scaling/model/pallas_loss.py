@@ -211,46 +211,43 @@ def _shapes(hidden, kernel):
     return rows, width, ids, block, hidden.dtype.itemsize, vocab_block(width)
 
 
+def _forward_call(hidden, kernel, targets, vocab_size: int, interpret: bool, expectation: bool):
+    """The forward kernel over the tiles; with ``expectation`` the one that also accumulates it (one matmul
+    pass more, its [rows, width] float32 accumulator and output)."""
+    rows, width, ids, block, item, tile = _shapes(hidden, kernel)
+    per_row = pl.BlockSpec((block, 1), lambda i, j: (i, 0))
+    whole_rows = pl.BlockSpec((block, width), lambda i, j: (i, 0))
+    column = jax.ShapeDtypeStruct((rows, 1), jnp.float32)
+    out_specs, out_shape = [per_row, per_row], [column, column]
+    scratch = [pltpu.VMEM((block, 1), jnp.float32)] * 3
+    hbm_bytes = item * (rows * width + rows // block * width * ids) + 12 * rows
+    if expectation:
+        out_specs, out_shape = out_specs + [whole_rows], out_shape + [jax.ShapeDtypeStruct((rows, width), jnp.float32)]
+        scratch, hbm_bytes = scratch + [pltpu.VMEM((block, width), jnp.float32)], hbm_bytes + 4 * rows * width
+    kernel_fn = _forward_expectation_kernel if expectation else _forward_kernel
+    return pl.pallas_call(
+        functools.partial(kernel_fn, vocab_size=vocab_size, vocab_block=tile, upcast=interpret),
+        grid=(rows // block, ids // tile),
+        in_specs=[whole_rows, pl.BlockSpec((width, tile), lambda i, j: (0, j)), per_row],
+        out_specs=out_specs, out_shape=out_shape, scratch_shapes=scratch,
+        compiler_params=_params("parallel", "arbitrary"),
+        cost_estimate=_cost(rows, width, ids, 2 if expectation else 1, hbm_bytes),
+        interpret=interpret, name="pallas_ce_forward_expectation" if expectation else "pallas_ce_forward",
+    )(hidden, kernel, targets)
+
+
 def lse_and_target(hidden, kernel, targets, *, vocab_size: int, interpret: bool = False):
     """(log-sum-exp, target's logit) per row, float32 [rows, 1]: ``hidden`` [rows, width] and ``kernel``
     [width, ids] in the compute dtype (rows a multiple of ``row_block``, ids of ``VOCAB_BLOCK``),
     ``targets`` int32 [rows, 1]."""
-    rows, width, ids, block, item, tile = _shapes(hidden, kernel)
-    per_row = pl.BlockSpec((block, 1), lambda i, j: (i, 0))
-    column = jax.ShapeDtypeStruct((rows, 1), jnp.float32)
-    return pl.pallas_call(
-        functools.partial(_forward_kernel, vocab_size=vocab_size, vocab_block=tile, upcast=interpret),
-        grid=(rows // block, ids // tile),
-        in_specs=[pl.BlockSpec((block, width), lambda i, j: (i, 0)),
-                  pl.BlockSpec((width, tile), lambda i, j: (0, j)), per_row],
-        out_specs=[per_row, per_row], out_shape=[column, column],
-        scratch_shapes=[pltpu.VMEM((block, 1), jnp.float32)] * 3,
-        compiler_params=_params("parallel", "arbitrary"),
-        cost_estimate=_cost(rows, width, ids, 1, item * (rows * width + rows // block * width * ids) + 12 * rows),
-        interpret=interpret, name="pallas_ce_forward",
-    )(hidden, kernel, targets)
+    return _forward_call(hidden, kernel, targets, vocab_size, interpret, expectation=False)
 
 
 def lse_target_expectation(hidden, kernel, targets, *, vocab_size: int, interpret: bool = False):
     """``lse_and_target`` and, float32 [rows, width], each row's Σ_v p_v · kernel[:, v], the term of the
     hidden states' gradient that needs the whole softmax (``_device_forward``): one matmul pass more over the
     tiles, in the same kernel."""
-    rows, width, ids, block, item, tile = _shapes(hidden, kernel)
-    per_row = pl.BlockSpec((block, 1), lambda i, j: (i, 0))
-    column = jax.ShapeDtypeStruct((rows, 1), jnp.float32)
-    whole_rows = pl.BlockSpec((block, width), lambda i, j: (i, 0))
-    return pl.pallas_call(
-        functools.partial(_forward_expectation_kernel, vocab_size=vocab_size, vocab_block=tile, upcast=interpret),
-        grid=(rows // block, ids // tile),
-        in_specs=[whole_rows, pl.BlockSpec((width, tile), lambda i, j: (0, j)), per_row],
-        out_specs=[per_row, per_row, whole_rows],
-        out_shape=[column, column, jax.ShapeDtypeStruct((rows, width), jnp.float32)],
-        scratch_shapes=[pltpu.VMEM((block, 1), jnp.float32)] * 3 + [pltpu.VMEM((block, width), jnp.float32)],
-        compiler_params=_params("parallel", "arbitrary"),
-        cost_estimate=_cost(rows, width, ids, 2, item * (rows * width + rows // block * width * ids)
-                            + 4 * rows * width + 12 * rows),
-        interpret=interpret, name="pallas_ce_forward_expectation",
-    )(hidden, kernel, targets)
+    return _forward_call(hidden, kernel, targets, vocab_size, interpret, expectation=True)
 
 
 def kernel_grad(hidden, kernel, targets, lse, scale, *, vocab_size: int, interpret: bool = False):
