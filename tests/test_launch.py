@@ -90,10 +90,10 @@ def test_end_to_end_sweep_is_read_by_the_analysis(tmp_path, capsys, monkeypatch)
     # The sweep config is saved beside the runs and logged to wandb as a "sweep" run of the same group.
     expected = spec.load_sweep(sweep_file)
     assert json.loads((sweep_dir / "sweep.json").read_text()) == json.loads(json.dumps(expected.to_dict()))
-    from test_track import _wandb_records
+    from scaling.run.track import transaction_log_records
 
     [log] = sweep_dir.glob(f"wandb/offline-run-*-sweep-{expected.digest()}/run-*.wandb")
-    [run_record] = [r.run for r in _wandb_records(log) if r.WhichOneof("record_type") == "run"]
+    [run_record] = [r.run for r in transaction_log_records(log) if r.WhichOneof("record_type") == "run"]
     assert (run_record.run_group, run_record.job_type) == ("e2e", "sweep")
     config = {item.key: json.loads(item.value_json) for item in run_record.config.update}
     assert config["depths"] == [1, 2] and len(config["runs"]) == 4

@@ -1,35 +1,14 @@
 """Metric tracking: wandb's offline log, the progress bar's clock, and a resumed tracker's metrics."""
 
 import json
-import struct
-from pathlib import Path
+import threading
 
 import numpy as np
 from etils import epath
 
 import tiny
+from scaling.run.track import transaction_log_records, wait_for_transaction_log
 from scaling.store.metrics_log import read_metrics
-
-
-def _wandb_records(path: Path):
-    """Records of a wandb transaction log (leveldb-style 32 KiB blocks of CRC/length/type-framed chunks)."""
-    from wandb.proto import wandb_internal_pb2
-
-    raw, position, block, pending = path.read_bytes(), 7, 32768, b""
-    while position + 7 <= len(raw):
-        if block - position % block < 7:
-            position += block - position % block
-            continue
-        _, length, kind = struct.unpack("<IHB", raw[position:position + 7])
-        chunk = raw[position + 7:position + 7 + length]
-        position += 7 + length
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending + chunk)
-            pending = b""
-            yield record
-        elif kind in (2, 3):
-            pending += chunk
 
 
 def test_wandb_offline_run_holds_the_loss_history(tmp_path):
@@ -38,7 +17,7 @@ def test_wandb_offline_run_holds_the_loss_history(tmp_path):
     run_files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1
     logged, group = [], None
-    for record in _wandb_records(run_files[0]):
+    for record in transaction_log_records(run_files[0]):
         if record.WhichOneof("record_type") == "history":
             values = {"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
             if "loss" in values:
@@ -49,6 +28,45 @@ def test_wandb_offline_run_holds_the_loss_history(tmp_path):
     np.testing.assert_allclose(logged, tiny.losses(tmp_path / "run"), rtol=1e-6)
     assert len(logged) == tiny.STEPS // 2
     assert group == "unit-sweep"
+
+
+def test_a_finished_runs_wandb_log_is_complete_even_when_wandbs_service_writes_it_late(tmp_path, monkeypatch):
+    """wandb's service writes a run's .wandb file when it closes the run's stream, after ``run.finish()``
+    returns; on a loaded machine seconds later. Delay that close as load does: the file must still hold
+    every logged row once the run is finished, before anything reads or copies it."""
+    from wandb.sdk.lib.service import service_connection
+
+    from scaling.run.track import finish_wandb_run, open_wandb_run
+
+    close_stream = service_connection.ServiceConnection.inform_finish
+    monkeypatch.setattr(service_connection.ServiceConnection, "inform_finish",
+                        lambda self, run_id: threading.Timer(2.0, close_stream, (self, run_id)).start())
+    run = open_wandb_run(tmp_path, mode="offline", project="p", id="late0close")
+    for step in (2, 4, 6):
+        run.log({"loss": float(step)}, step=step)
+    finish_wandb_run(run, tmp_path)
+    (log,) = tmp_path.glob("wandb/offline-run-*-late0close/run-late0close.wandb")
+    records = list(transaction_log_records(log))
+    assert [float(item.value_json) for record in records if record.WhichOneof("record_type") == "history"
+            for item in record.history.item if ("/".join(item.nested_key) or item.key) == "loss"] == [2.0, 4.0, 6.0]
+    assert records[-1].WhichOneof("record_type") == "exit"
+
+
+def test_waiting_for_a_wandb_log_ends_when_its_exit_record_lands(tmp_path):
+    from scaling.run.track import finish_wandb_run, open_wandb_run
+
+    run = open_wandb_run(tmp_path, mode="offline", project="p", id="wait0exit")
+    run.log({"loss": 1.0}, step=1)
+    finish_wandb_run(run, tmp_path)
+    (log,) = tmp_path.glob("wandb/offline-run-*/run-wait0exit.wandb")
+    whole = log.read_bytes()
+    growing = tmp_path / "growing.wandb"
+    growing.write_bytes(whole[:len(whole) - 3])  # the exit record cut short, as when caught mid-write
+    assert [record.WhichOneof("record_type") for record in transaction_log_records(growing)][-1] != "exit"
+    assert not wait_for_transaction_log(growing, 0.3)
+    threading.Timer(0.5, growing.write_bytes, (whole,)).start()
+    assert wait_for_transaction_log(growing, 30.0)
+    assert not wait_for_transaction_log(tmp_path / "absent.wandb", 0.2)
 
 
 def test_an_offline_wandb_run_of_a_gs_run_is_kept_in_the_bucket_beside_its_records(gcs, tmp_path):
@@ -65,7 +83,7 @@ def test_an_offline_wandb_run_of_a_gs_run_is_kept_in_the_bucket_beside_its_recor
     local.write_bytes(epath.Path(f"{gcs}/run/{run_file}").read_bytes())
     logged = [float(values["loss"]) for values in (
         {"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
-        for record in _wandb_records(local) if record.WhichOneof("record_type") == "history") if "loss" in values]
+        for record in transaction_log_records(local) if record.WhichOneof("record_type") == "history") if "loss" in values]
     assert len(logged) == tiny.STEPS // 2
 
 
@@ -80,7 +98,7 @@ def test_each_run_of_a_pack_has_its_own_offline_wandb_run_with_its_losses(tmp_pa
         (run_file,) = (run_dir / "wandb").glob(f"offline-run-*-{outcome.wandb_id}/run-*.wandb")
         logged = [float(values["loss"]) for values in
                   ({"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
-                   for record in _wandb_records(run_file) if record.WhichOneof("record_type") == "history")
+                   for record in transaction_log_records(run_file) if record.WhichOneof("record_type") == "history")
                   if "loss" in values]
         np.testing.assert_allclose(logged, tiny.losses(run_dir), rtol=1e-6)
         assert len(logged) == tiny.STEPS // 2

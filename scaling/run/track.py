@@ -14,6 +14,7 @@ import math
 import os
 import pathlib
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -218,7 +219,15 @@ def finish_wandb_run(run, directory, exit_code: int = 0) -> None:
     directory is then copied there, to ``<directory>/wandb/offline-run-.../``: the disk it was written to
     (a cloud slice's) goes with the machine, the bucket stays, and ``wandb sync`` uploads it later."""
     folder = pathlib.Path(run.dir).parent  # <dir>/wandb/offline-run-<time>-<id>, holding files/ and run-<id>.wandb
+    transaction_log = pathlib.Path(run.settings.sync_file)
     run.finish(exit_code=exit_code)
+    # finish() returns once wandb's service has the exit record, but the service writes its buffered records
+    # to the run's .wandb file only when it closes the run's stream, which it does after finish() returns
+    # (the close request is not waited on). Under load that write comes seconds later, so a copy made (or a
+    # file read) at once would lack the history. Wait until the file ends in the exit record.
+    if not wait_for_transaction_log(transaction_log, FINISH_WRITE_SECONDS):
+        print(f"warning: wandb's log {transaction_log} still lacks its exit record {FINISH_WRITE_SECONDS:.0f} s "
+              "after the run finished; metrics.jsonl holds every logged metric", file=sys.stderr)
     if not (is_remote(directory) and run.offline):
         return
     from scaling.store.storage import copy_folder_to
@@ -229,6 +238,54 @@ def finish_wandb_run(run, directory, exit_code: int = 0) -> None:
         print(f"warning: offline wandb run {folder} not copied to {directory}: {error}", file=sys.stderr)
         return
     shutil.rmtree(folder.parent.parent, ignore_errors=True)  # open_wandb_run's local folder
+
+
+# How long finish_wandb_run waits for wandb's service to write a finished run's .wandb file (seconds).
+FINISH_WRITE_SECONDS = 60.0
+
+
+def transaction_log_records(path):
+    """The records of a wandb transaction log (a run's ``run-<id>.wandb`` file), in order, as
+    ``wandb_internal_pb2.Record`` messages. The file is a 7-byte header, then 32 KiB blocks of chunks, each
+    framed by a 4-byte checksum, a 2-byte length and a 1-byte kind (full, first, middle, last), the
+    leveldb log format; wandb ships no Python reader of it since its service moved to Go. A chunk cut off
+    at the end of a file still being written ends the records."""
+    from wandb.proto import wandb_internal_pb2
+
+    raw, position, block, pending = pathlib.Path(path).read_bytes(), 7, 32768, b""
+    while position + 7 <= len(raw):
+        if block - position % block < 7:  # too little room left in the block for a chunk header: padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[position:position + 7])
+        if position + 7 + length > len(raw):
+            return
+        chunk = raw[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending + chunk)
+            pending = b""
+            yield record
+        elif kind in (2, 3):  # the first or a middle chunk of a record spanning blocks
+            pending += chunk
+
+
+def wait_for_transaction_log(path, seconds: float) -> bool:
+    """Wait up to ``seconds`` until the wandb transaction log at ``path`` holds its run's exit record (what
+    ``run.finish`` sends last); True when it does."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if any(record.WhichOneof("record_type") == "exit" for record in transaction_log_records(path)):
+                return True
+        except (OSError, DecodeError):  # not written yet, or caught mid-write
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _init_wandb(kwargs: dict, attempts: int = 6, wait_seconds: float = 5.0):
