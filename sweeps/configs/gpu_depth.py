@@ -1,4 +1,4 @@
-"""The project's own depth transitions on one GPU: depths 3, 6, 9, 12, byte-level, 10 tokens per parameter,
+"""The project's own depth transitions on one GPU: depths 3, 6, 9, 12, byte-level, 8 tokens per parameter,
 trained in pieces of one 8-minute command each (design v2, re-registered in ``results/gpu_depth/README.md``).
 
     python -m scaling.corpus build --out ~/.cache/scaling-data/debian-docs-prose \\
@@ -20,14 +20,14 @@ depth at the widths nearest those sizes (multiples of 16), the deeper depth at t
 shallower's sizes, widened outwards where needed so that its range covers the shallower's within the
 analysis' 5% (``analysis.comparison.RANGE_TOLERANCE``): every compared size survives rounding and the
 range rule. Stage 1, the scout (``GPU_DEPTH_STAGE=1``, the default; sweep ``gpu_depth``): seed 0,
-centred on the paper's prediction, plus a rate check: at each depth's smallest width a run at 4e-3, at
-its largest one at 1e-3 (the standard parametrization's best rate falls with width:
-``results/hp_transfer``). Stage 2, the confirmation (``GPU_DEPTH_STAGE=2``; sweep ``gpu_depth_stage2``):
-seeds 1 to 4 on the same ladder centred where ``choose`` places each pair from the scout's records
-(``results/gpu_depth/stage2_sizes.json``; ``GPU_DEPTH_SIZES`` names another file).
+centred on the paper's prediction. Stage 2, the confirmation (``GPU_DEPTH_STAGE=2``; sweep
+``gpu_depth_stage2``): seeds 1 to 4 on the same ladder centred where ``choose`` places each pair from the
+scout's records (``results/gpu_depth/stage2_sizes.json``; ``GPU_DEPTH_SIZES`` names another file), plus a
+rate check: at each depth's smallest width a run at 4e-3, at its largest one at 1e-3 (the standard
+parametrization's best rate falls with width: ``results/hp_transfer``).
 
 Training: byte-level causal LM on the Debian documentation corpus (``scaling.data.corpus_build``;
-``data.cache_dir`` is set by the piece), sequences of 512 tokens, batches of 32, 10 tokens per
+``data.cache_dir`` is set by the piece), sequences of 512 tokens, batches of 32, 8 tokens per
 non-embedding parameter (``Sweep.tokens_per_param``). Pre-LN, ReLU, feed-forward 4·d, 16-channel heads,
 learned positions, bfloat16 compute with float32 parameters. One peak rate 2e-3 for every shape (constant
 rule) but the rate checks, AdamW (0.9, 0.95), weight decay 0.1, clipping 1.0, 100 warmup steps, cosine to
@@ -79,8 +79,8 @@ class Design:
 
     ``centres``: each pair's scout centre N (non-embedding parameters), keyed by its shallower depth; a pair
     is compared at ``centre · 2^ladder``. ``rate_check``: (rate at each depth's smallest width, rate at its
-    largest), tried in stage 1 only. Stage 2 trains ``confirm_seeds`` on the same ladder around ``choose``'s
-    centres.
+    largest), tried in stage 2 only, with its first seed. Stage 2 trains ``confirm_seeds`` on the same
+    ladder around ``choose``'s centres.
     """
 
     name: str
