@@ -352,12 +352,13 @@ def cmd_hp_transfer2(args) -> int:
     if args.decisions:
         print(json.dumps(hp_transfer2.decisions(args.directory), indent=2))
         return 0
-    result = hp_transfer2.outcome(args.directory)
+    result = hp_transfer2.outcome(args.directory, args.base_extension)
     print(json.dumps(result, indent=2) if args.json else hp_transfer2.markdown(result))
     if args.figure:
         from analysis import hp_transfer2_plot
 
-        hp_transfer2_plot.figure(hp_transfer2.runs(args.directory), result, args.figure)
+        hp_transfer2_plot.figure(hp_transfer2.plotted_runs(args.directory, result, args.base_extension), result,
+                                 args.figure)
         print(f"figure: {args.figure}", file=sys.stderr)
     return 0
 
@@ -488,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--decisions", action="store_true",
                         help="print the next stage's decisions (base settings, grid extensions) as JSON")
     transfer2.add_argument("--figure", metavar="PATH", help="also draw loss against rate per shape (PNG/PDF)")
+    transfer2.add_argument("--base-extension", metavar="DIR",
+                           help="exploratory: the base shape's fit also takes this sweep's runs (README)")
     return parser
 
 

@@ -302,18 +302,24 @@ def extensions(frame: pd.DataFrame, base: dict) -> list[dict] | None:
                 found = fit(points, tag)
                 if found is not None and found.resolved:
                     continue
-                indices = stage2_indices(base["base_index"], name, axis, size)
-                means = _means(points)
-                if found is not None and np.isfinite(found.vertex):  # the end nearer the fitted vertex
-                    upward = found.vertex > (min(found.xs) + max(found.xs)) / 2
-                else:  # the end with the lower mean loss (a diverged end counts as the higher)
-                    top, bottom = means.loc[means.index.max()], means.loc[means.index.min()]
-                    upward = bool(np.isfinite(top) and not top >= bottom)
-                end = max(indices) if upward else min(indices)
-                step = 1 if upward else -1
-                added.append({"parametrization": name, "axis": axis, "size": size,
-                              "indices": [end + step * k for k in range(1, EXTENSION + 1)]})
+                indices = extension_indices(found, points, stage2_indices(base["base_index"], name, axis, size))
+                added.append({"parametrization": name, "axis": axis, "size": size, "indices": indices})
     return added
+
+
+def extension_indices(found: Fit | None, points: pd.DataFrame, indices: list[int]) -> list[int]:
+    """The ``EXTENSION`` lattice indices that extend an unresolved shape's grid ``indices`` (its runs
+    ``points``, their fit ``found``): beyond the end nearer the fitted vertex, or, for a parabola opening
+    downward, beyond the end with the lower mean loss (a diverged end counts as the higher)."""
+    if found is not None and np.isfinite(found.vertex):
+        upward = found.vertex > (min(found.xs) + max(found.xs)) / 2
+    else:
+        means = _means(points)
+        top, bottom = means.loc[means.index.max()], means.loc[means.index.min()]
+        upward = bool(np.isfinite(top) and not top >= bottom)
+    end = max(indices) if upward else min(indices)
+    step = 1 if upward else -1
+    return [end + step * k for k in range(1, EXTENSION + 1)]
 
 
 def decisions(directory) -> dict:
@@ -329,12 +335,41 @@ def _rate(x: float) -> str:
     return f"{2 ** x:.3g}" if np.isfinite(x) else "-"
 
 
-def outcome(directory) -> dict:
-    """Everything the report prints: base tuning, per-shape fits, drifts and verdicts (JSON-ready)."""
+def base_extension_runs(directory, base: dict) -> pd.DataFrame:
+    """The exploratory extension of the base shape (README, "Exploratory addition";
+    ``sweeps/configs/hp_transfer2_base_extension.py``): its runs in ``directory``, tagged as the chosen base
+    setting's so that they join that setting's fit."""
+    added = runs(directory)
+    return added[added["tag"] == base["tag"] + "-x"].assign(tag=base["tag"])
+
+
+def plotted_runs(directory, result: dict, base_extension=None) -> pd.DataFrame:
+    """The runs the figure draws: the experiment's, and with ``base_extension`` the exploratory extension's
+    as the chosen base setting's (``result`` is ``outcome``'s)."""
+    frame = runs(directory)
+    if base_extension is None or not result["chosen"]:
+        return frame
+    return pd.concat([frame, base_extension_runs(base_extension, result["chosen"])], ignore_index=True)
+
+
+def outcome(directory, base_extension=None) -> dict:
+    """Everything the report prints: base tuning, per-shape fits, drifts and verdicts (JSON-ready).
+
+    With ``base_extension`` (the exploratory extension's directory) the base shape's fit also takes those
+    runs, and only that fit changes: stage 1's choice and the stages' grids stay the registered records'.
+    The result is then exploratory (``result["exploratory"]``), never the registered outcome."""
     frame = runs(directory)
     fits1 = base_fits(frame)
     base = choose_base(frame, fits1)
     chosen = fits1[base["tag"]] if base else None
+    exploratory = None
+    if base_extension is not None and base is not None:
+        added = base_extension_runs(base_extension, base)
+        # Waiting (None) until every seed of the extension's rates is in, as a stage-2 shape waits.
+        chosen = fit(pd.concat([frame[frame["tag"] == base["tag"]], added], ignore_index=True), base["tag"]) \
+            if complete(added, EXTENSION) else None
+        exploratory = {"base_extension": str(base_extension), "added_runs": len(added),
+                       "added_rates": sorted(float(rate) for rate in added["peak_lr"].unique())}
     fits2 = shape_fits(frame, base, chosen)
 
     def described(found: Fit | None) -> dict:
@@ -354,10 +389,11 @@ def outcome(directory) -> dict:
             if found is not None:
                 drifts.append({"parametrization": name, "axis": axis, "drift": found["drift"],
                                "interval": found["interval"]})
-    return {"base": [{"tag": tag, **described(found)} for tag, found in fits1.items()], "chosen": base,
-            "shapes": [{"parametrization": name, "axis": axis, "size": size, **described(found)}
-                       for (name, axis, size), found in fits2.items()],
-            "drifts": drifts, "criterion": criterion(fits2)}
+    result = {"base": [{"tag": tag, **described(found)} for tag, found in fits1.items()], "chosen": base,
+              "shapes": [{"parametrization": name, "axis": axis, "size": size, **described(found)}
+                         for (name, axis, size), found in fits2.items()],
+              "drifts": drifts, "criterion": criterion(fits2)}
+    return result if exploratory is None else {"exploratory": exploratory, **result}
 
 
 def markdown(result: dict) -> str:
@@ -365,7 +401,13 @@ def markdown(result: dict) -> str:
     def interval(row):
         return f"{row['interval'][0]:.3g}–{row['interval'][1]:.3g}" if row.get("interval") else "-"
 
-    lines = ["Stage 1, base shape (output multiplier, readout start):", "",
+    lines = []
+    if result.get("exploratory"):
+        added = result["exploratory"]
+        lines += [f"EXPLORATORY, not the registered outcome: the base shape's fit also takes {added['added_runs']} "
+                  f"runs at rates {', '.join(f'{rate:.3g}' for rate in added['added_rates'])} from "
+                  f"{added['base_extension']} (README, \"Exploratory addition\")", ""]
+    lines += ["Stage 1, base shape (output multiplier, readout start):", "",
              "| setting | status | runs | best rate | 95% interval | loss at best |", "|---|---|---|---|---|---|"]
     for row in result["base"]:
         best = f"{row['best_rate']:.3g}" if row.get("best_rate") else "-"

@@ -99,6 +99,8 @@ def figure(frame: pd.DataFrame, result: dict, path) -> None:
     for row in axes:
         row[0].set_ylabel("final eval loss (nats/token)")
     axes[1][0].set_ylabel("best peak rate")
+    if result.get("exploratory"):
+        plot.suptitle("EXPLORATORY: the base shape's fit takes the extension's runs (not the registered outcome)")
     plot.tight_layout()
     plot.savefig(path, dpi=120)
     plt.close(plot)

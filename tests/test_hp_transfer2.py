@@ -1,5 +1,6 @@
 """The second transfer experiment: its staged sweep file and its analysis (``python -m analysis hp-transfer2``)."""
 
+import dataclasses
 import json
 import math
 import runpy
@@ -205,3 +206,67 @@ def test_a_noisy_curve_with_its_vertex_inside_is_extended_beyond_the_end_nearer_
     assert wide["status"] == "unresolved" and wide["downward_resamples"] > 0.05
     assert design.decisions(tmp_path / "hp_transfer2")["extensions"] == [
         {"parametrization": "mup", "axis": "width", "size": 256, "indices": [3, 4]}]
+
+
+def test_the_exploratory_base_extension_joins_the_base_fit_and_leaves_the_registered_outcome_alone(
+        tmp_path, capsys):
+    """The chosen base setting's optimum planted a factor 2^1.75 below 1e-2, beyond its grid:
+    unresolved, so both registered verdicts are inconclusive. Its extension's two lower rates, in a sweep of their
+    own, locate it; only then do the exploratory verdicts read the drifts."""
+    _plant(tmp_path)
+    best = 1e-2 * 2 ** -1.75
+    for path in (tmp_path / "hp_transfer2").glob("base-m2-zero-*"):
+        record = json.loads((path / "result.json").read_text())
+        record["final_eval_loss"] = _loss(record["peak_lr"], best, record["seed"])
+        (path / "result.json").write_text(json.dumps(record))
+    registered = design.outcome(tmp_path / "hp_transfer2")
+    assert {v["verdict"] for v in registered["criterion"].values()} == {"inconclusive"}
+    assert "mup 64" in registered["criterion"]["width"]["why"]
+    extension = tmp_path / "extension"
+    for k in (-3, -4):
+        for seed in design.SEEDS[:2]:
+            lr = design.lattice_rate(k)
+            _write(extension, "base-m2-zero-x", "mup", 2, 64, seed, lr, _loss(lr, best, seed))
+    waiting = design.outcome(tmp_path / "hp_transfer2", extension / "hp_transfer2")
+    assert waiting["criterion"]["width"]["verdict"] == "incomplete"  # a seed of each rate still missing
+    for k in (-3, -4):
+        lr = design.lattice_rate(k)
+        _write(extension, "base-m2-zero-x", "mup", 2, 64, 2, lr, _loss(lr, best, 2))
+    explored = design.outcome(tmp_path / "hp_transfer2", extension / "hp_transfer2")
+    assert explored["exploratory"]["added_runs"] == 6
+    assert explored["chosen"] == registered["chosen"] and explored["base"] == registered["base"]
+    base_shape = next(row for row in explored["shapes"] if (row["parametrization"], row["size"]) == ("mup", 64))
+    assert base_shape["status"] == "resolved" and base_shape["runs"] == 21
+    assert base_shape["best_rate"] == pytest.approx(best, rel=0.05)
+    # The base optimum sits 1.75 log2 below the planted μP shapes' (flat at 1e-2): μP's drift turns positive.
+    assert explored["criterion"]["width"]["verdict"] != "inconclusive"
+    assert explored["criterion"]["width"]["mup_drift"] > 0.25
+    assert design.outcome(tmp_path / "hp_transfer2") == registered  # the registered reading is unchanged
+    assert analysis_cli.main(["hp-transfer2", str(tmp_path / "hp_transfer2"), "--base-extension",
+                              str(extension / "hp_transfer2"), "--figure", str(tmp_path / "x.png")]) == 0
+    assert capsys.readouterr().out.startswith("EXPLORATORY, not the registered outcome")
+    assert (tmp_path / "x.png").stat().st_size > 0
+
+
+def test_the_base_extension_sweep_extends_stage_ones_choice_by_the_stage3_rule_and_changes_nothing_else():
+    """On the committed stage-1 records: the chosen setting is the sweep's, its rates are the ones the
+    stage-3 rule gives its curve, and each run's config is a stage-1 run's but for the rate and names."""
+    records = REPO / "results" / "hp_transfer2"
+    chosen = design.decisions(records)["base"]
+    extension = runpy.run_path(str(REPO / "sweeps" / "configs" / "hp_transfer2_base_extension.py"))
+    assert design.base_tag(*extension["CHOSEN"]) == chosen["tag"]
+    frame = design.runs(records)
+    points = frame[frame["tag"] == chosen["tag"]]
+    assert not design.fit(points, chosen["tag"]).resolved  # why the extension exists
+    assert list(extension["INDICES"]) == design.extension_indices(design.fit(points, chosen["tag"]), points,
+                                                                  list(design.BASE_STEPS))
+    added, _ = spec.load_sweep(REPO / "sweeps" / "configs" / "hp_transfer2_base_extension.py").expand()
+    stage1, _ = spec.load_sweep(SWEEP_FILE).expand()
+    assert sorted(run.config.optim.peak_lr for run in added) == sorted(
+        design.lattice_rate(k) for k in extension["INDICES"] for _ in design.SEEDS)
+    for run in added:
+        seed_name = run.name.replace(f"{chosen['tag']}-x-", chosen["tag"] + "-").rsplit("-lr", 1)[0]
+        twin = next(other for other in stage1 if other.name == f"{seed_name}-lr{spec.lr_tag(chosen['base_rate'])}")
+        at_base_rate = dataclasses.replace(run.config.optim, peak_lr=chosen["base_rate"])
+        assert dataclasses.replace(run.config, optim=at_base_rate, name=twin.config.name,
+                                   sweep_name=twin.config.sweep_name) == twin.config

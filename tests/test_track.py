@@ -48,7 +48,7 @@ def test_a_finished_runs_wandb_log_is_complete_even_when_wandbs_service_writes_i
     (log,) = tmp_path.glob("wandb/offline-run-*-late0close/run-late0close.wandb")
     records = list(transaction_log_records(log))
     assert [float(item.value_json) for record in records if record.WhichOneof("record_type") == "history"
-            for item in record.history.item if ("/".join(item.nested_key) or item.key) == "loss"] == [2.0, 4.0, 6.0]
+            for item in record.history.item if ("/".join(item.nested_key) or item.key) == "loss"] == [2., 4., 6.]
     assert records[-1].WhichOneof("record_type") == "exit"
 
 
