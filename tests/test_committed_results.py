@@ -172,3 +172,20 @@ def test_hp_transfer2_reports_are_what_their_commands_print():
         pytest.skip("results/hp_transfer2 holds no finished record or report yet (its runs are launched from main)")
     for name, committed, printed in reports:
         assert same_report(printed, committed), name
+
+
+def test_the_exploratory_base_extension_leaves_the_base_optimum_unlocated_as_its_readme_says():
+    """results/hp_transfer2_base_extension/README.md: the 6 runs join the base shape's fit (21 runs) and its
+    vertex stays far below every rate tried, so the exploratory verdicts cannot be drawn either."""
+    from analysis import hp_transfer2
+
+    extension = REPO / "results" / "hp_transfer2_base_extension"
+    assert sorted(json.loads(path.read_text())["code_version"] for path in extension.glob("*/result.json")) == \
+        ["82b90a954c24"] * 6
+    result = hp_transfer2.outcome(HP_TRANSFER2, extension)
+    base_shape = next(row for row in result["shapes"] if (row["parametrization"], row["size"]) == ("mup", 64))
+    assert base_shape["status"] == "unresolved" and base_shape["runs"] == 21
+    assert base_shape["best_rate"] < 2.5e-3 / 5  # "ten times below the lowest rate tried"
+    assert {verdict["verdict"] for verdict in result["criterion"].values()} <= {"inconclusive", "incomplete"}
+    readme = (extension / "README.md").read_text()
+    assert "still not located" in readme and f"vertex at {base_shape['best_rate']:.1e}".replace("e-0", "e-") in readme
