@@ -330,6 +330,35 @@ def decisions(directory) -> dict:
     return {"base": base, "extensions": extensions(frame, base) if base else None}
 
 
+# ---------------------------------------------------------------- budget
+# Wall-clock hours the README budgets per stage ("Budget (stated before any run)"): stage 2 is its widths
+# 128, 256 and 512 (0.4 + 1.1 + 3.7) and its depths (1.25); stage 3 at most.
+STAGE_BUDGET_HOURS = {1: 1.1, 2: 6.45, 3: 1.5}
+BUDGET_HOURS = 10.0
+
+
+def stage_of(tag: str) -> int:
+    """The stage a variant tag belongs to: 1 (base tuning), 2 (transfer) or 3 (an extension, ``-x``)."""
+    return 1 if tag.startswith("base-") else 3 if tag.endswith("-x") else 2
+
+
+def budget(directory) -> list[dict]:
+    """Per stage: its packs (a shape's runs, one program: each run's record holds the pack's wall clock
+    summed over its segments, ``wall_seconds``) and their wall-clock hours, against the README's budget.
+    Time an interrupted segment spent after its last checkpoint is in no record, so it is not counted."""
+    from etils import epath
+
+    packs: dict[str, float] = {}
+    for path in epath.Path(directory).glob("*/result.json"):
+        record = json.loads(path.read_text())
+        if record.get("status") in ("finished", "diverged") and record.get("wall_seconds") is not None:
+            tag = tag_of(record["name"])
+            packs[tag] = max(packs.get(tag, 0.0), float(record["wall_seconds"]))
+    return [{"stage": stage, "packs": sum(stage_of(tag) == stage for tag in packs),
+             "hours": sum(seconds for tag, seconds in packs.items() if stage_of(tag) == stage) / 3600,
+             "budgeted_hours": hours} for stage, hours in STAGE_BUDGET_HOURS.items()]
+
+
 # ---------------------------------------------------------------- report
 def _rate(x: float) -> str:
     return f"{2 ** x:.3g}" if np.isfinite(x) else "-"
@@ -392,7 +421,7 @@ def outcome(directory, base_extension=None) -> dict:
     result = {"base": [{"tag": tag, **described(found)} for tag, found in fits1.items()], "chosen": base,
               "shapes": [{"parametrization": name, "axis": axis, "size": size, **described(found)}
                          for (name, axis, size), found in fits2.items()],
-              "drifts": drifts, "criterion": criterion(fits2)}
+              "drifts": drifts, "criterion": criterion(fits2), "budget": budget(directory)}
     return result if exploratory is None else {"exploratory": exploratory, **result}
 
 
@@ -426,7 +455,13 @@ def markdown(result: dict) -> str:
     for row in result["drifts"]:
         lines.append(f"| {row['parametrization']} | {row['axis']} | {row['drift']:+.3f} | "
                      f"{row['interval'][0]:+.3f} to {row['interval'][1]:+.3f} |")
-    lines.append("")
+    lines += ["", "| stage | packs | wall-clock hours | budgeted |", "|---|---|---|---|"]
+    for row in result["budget"]:
+        over = " (over by more than half)" if row["hours"] > 1.5 * row["budgeted_hours"] else ""
+        lines.append(f"| {row['stage']} | {row['packs']} | {row['hours']:.2f}{over} | {row['budgeted_hours']:g} |")
+    total = sum(row["hours"] for row in result["budget"])
+    lines += [f"| all | {sum(row['packs'] for row in result['budget'])} | {total:.2f} | at most {BUDGET_HOURS:g} |",
+              ""]
     for axis, verdict in result["criterion"].items():
         why = f" ({verdict['why']})" if "why" in verdict else ""
         gap = verdict.get("gap_interval")

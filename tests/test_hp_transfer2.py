@@ -270,3 +270,17 @@ def test_the_base_extension_sweep_extends_stage_ones_choice_by_the_stage3_rule_a
         at_base_rate = dataclasses.replace(run.config.optim, peak_lr=chosen["base_rate"])
         assert dataclasses.replace(run.config, optim=at_base_rate, name=twin.config.name,
                                    sweep_name=twin.config.sweep_name) == twin.config
+
+
+def test_the_budget_counts_each_pack_once_by_stage(tmp_path):
+    _plant(tmp_path)
+    for path in (tmp_path / "hp_transfer2").glob("mup-w512-*"):  # one pack that took an hour, resumed or not
+        record = json.loads((path / "result.json").read_text())
+        (path / "result.json").write_text(json.dumps({**record, "wall_seconds": 3600.0}))
+    _write(tmp_path, "mup-w512-x", "mup", 2, 512, 0, design.lattice_rate(5), 2.1)
+    rows = {row["stage"]: row for row in design.budget(tmp_path / "hp_transfer2")}
+    assert (rows[1]["packs"], rows[2]["packs"], rows[3]["packs"]) == (8, 12, 1)
+    assert rows[1]["hours"] == pytest.approx(8 / 3600) and rows[3]["hours"] == pytest.approx(1 / 3600)
+    assert rows[2]["hours"] == pytest.approx(1 + 11 / 3600)
+    assert rows[2]["budgeted_hours"] == 6.45
+    assert "| 2 | 12 | 1.00 | 6.45 |" in design.markdown(design.outcome(tmp_path / "hp_transfer2"))
