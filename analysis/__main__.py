@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from analysis import projection
+from analysis import experiments_cli, projection
 from analysis.errors import AnalysisInputError
 from analysis.fit import save_fit
 from analysis.shapes import width_at
@@ -319,50 +319,6 @@ def _noise_arg(text):
     return value
 
 
-def cmd_log_length(args) -> int:
-    """Mean ± std over seeds of test accuracy and cross-entropy (bits) per task, training setup (position
-    encoding, fixed or fresh training strings), training length and attention scaling, and the two arms
-    compared by Welch's t-test, from the run records of sweeps/configs/log_length.py."""
-    from analysis import log_length
-
-    print(log_length.run(args.directory, args.format, args.figure))
-    if args.figure:
-        print(f"figure: {args.figure}", file=sys.stderr)
-    return 0
-
-
-def cmd_hp_transfer(args) -> int:
-    """Best peak rate per shape along the width axis (at --base-depth) and the depth axis (at --base-width)
-    per parametrization, the spread of the best rates along each axis, and the pre-registered criterion
-    of results/hp_transfer/README.md, from the run records of sweeps/configs/hp_transfer.py."""
-    from analysis import hp_transfer
-
-    print(hp_transfer.run(args.directory, args.json, args.figure, args.base_width, args.base_depth))
-    if args.figure:
-        print(f"figure: {args.figure}", file=sys.stderr)
-    return 0
-
-
-def cmd_hp_transfer2(args) -> int:
-    """The second transfer experiment (results/hp_transfer2/README.md): base tuning, the best rate per shape
-    from a parabola over seeds with a bootstrap interval, the drift of the best rate along width and depth,
-    and the pre-registered criterion; --decisions prints what the sweep runs next."""
-    from analysis import hp_transfer2
-
-    if args.decisions:
-        print(json.dumps(hp_transfer2.decisions(args.directory), indent=2))
-        return 0
-    result = hp_transfer2.outcome(args.directory, args.base_extension)
-    print(json.dumps(result, indent=2) if args.json else hp_transfer2.markdown(result))
-    if args.figure:
-        from analysis import hp_transfer2_plot
-
-        hp_transfer2_plot.figure(hp_transfer2.plotted_runs(args.directory, result, args.base_extension), result,
-                                 args.figure)
-        print(f"figure: {args.figure}", file=sys.stderr)
-    return 0
-
-
 # ---------------------------------------------------------------- parser
 # The options of the commands that read a sweep (fit, plot): (flags, add_argument's keywords).
 SWEEP_OPTIONS = (
@@ -467,30 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="seed standard deviation in nats per token (0.004)")
     synthetic.add_argument("--seed", type=int, default=0, help="random seed of the noise (0)")
 
-    length = _command(commands, "log-length", cmd_log_length,
-                      help="FIRST/PARITY length generalisation: accuracy and bits per (task, setup, n, arm)")
-    length.add_argument("directory", help="sweep directory, e.g. results/log_length")
-    length.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
-    length.add_argument("--figure", metavar="PATH", help="also draw test accuracy vs training length (PNG/PDF)")
-
-    transfer = _command(commands, "hp-transfer", cmd_hp_transfer,
-                        help="best learning rate per width and depth, per parametrization (μP, CompleteP)")
-    transfer.add_argument("directory", help="sweep directory, e.g. results/hp_transfer")
-    transfer.add_argument("--base-width", type=cli.positive_int, default=64, help="width of the depth axis (64)")
-    transfer.add_argument("--base-depth", type=cli.positive_int, default=2, help="depth of the width axis (2)")
-    transfer.add_argument("--json", action="store_true", help="JSON instead of markdown tables")
-    transfer.add_argument("--figure", metavar="PATH", help="also draw loss against peak rate (PNG/PDF)")
-
-    transfer2 = _command(commands, "hp-transfer2", cmd_hp_transfer2,
-                         help="second transfer experiment: best rate per shape with intervals, drift, criterion")
-    transfer2.add_argument("directory", help="sweep directory, e.g. results/hp_transfer2")
-    output = transfer2.add_mutually_exclusive_group()
-    output.add_argument("--json", action="store_true", help="JSON instead of markdown tables")
-    output.add_argument("--decisions", action="store_true",
-                        help="print the next stage's decisions (base settings, grid extensions) as JSON")
-    transfer2.add_argument("--figure", metavar="PATH", help="also draw loss against rate per shape (PNG/PDF)")
-    transfer2.add_argument("--base-extension", metavar="DIR",
-                           help="exploratory: the base shape's fit also takes this sweep's runs (README)")
+    experiments_cli.add_commands(commands, _command)
     return parser
 
 
