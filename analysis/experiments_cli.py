@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
+from analysis.errors import AnalysisInputError
 from scaling import cli
 
 
@@ -47,6 +48,8 @@ def cmd_hp_transfer2(args) -> int:
     from analysis import hp_transfer2
 
     if args.decisions:
+        if args.base_extension:
+            raise AnalysisInputError("--decisions reads the registered records only; drop --base-extension")
         print(json.dumps(hp_transfer2.decisions(args.directory), indent=2))
         return 0
     result = hp_transfer2.outcome(args.directory, args.base_extension)

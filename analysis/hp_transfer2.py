@@ -32,6 +32,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from analysis.errors import AnalysisInputError
 from analysis.results import load_runs
 
 # ---------------------------------------------------------------- the pre-registered design
@@ -350,7 +351,10 @@ def budget(directory) -> list[dict]:
 
     packs: dict[str, float] = {}
     for path in epath.Path(directory).glob("*/result.json"):
-        record = json.loads(path.read_text())
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):  # unreadable or half written: load_runs reports it; no time to count
+            continue
         if record.get("status") in ("finished", "diverged") and record.get("wall_seconds") is not None:
             tag = tag_of(record["name"])
             packs[tag] = max(packs.get(tag, 0.0), float(record["wall_seconds"]))
@@ -369,7 +373,11 @@ def base_extension_runs(directory, base: dict) -> pd.DataFrame:
     ``sweeps/configs/hp_transfer2_base_extension.py``): its runs in ``directory``, tagged as the chosen base
     setting's so that they join that setting's fit."""
     added = runs(directory)
-    return added[added["tag"] == base["tag"] + "-x"].assign(tag=base["tag"])
+    added = added[added["tag"] == base["tag"] + "-x"].assign(tag=base["tag"])
+    if added.empty:
+        raise AnalysisInputError(f"{directory}: no finished run of the base extension ({base['tag']}-x-...); "
+                                 "its sweep is sweeps/configs/hp_transfer2_base_extension.py")
+    return added
 
 
 def plotted_runs(directory, result: dict, base_extension=None) -> pd.DataFrame:

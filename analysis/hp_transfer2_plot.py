@@ -86,6 +86,10 @@ def figure(frame: pd.DataFrame, result: dict, path) -> None:
             points = frame[frame["tag"] == tag]
             if not points.empty:
                 row = next((row for row in result["base"] if row["tag"] == tag), None)
+                if result.get("exploratory") and result["chosen"] and tag == result["chosen"]["tag"]:
+                    # its points include the extension's: draw the fit they make (the base shape's)
+                    row = next(row for row in result["shapes"] if row["size"] == design.BASE_WIDTH
+                               and row["axis"] == "width")
                 _curve(base, points, tag.removeprefix("base-"), result_row=row)
     base.set(xscale="log", xlabel="peak learning rate", title="base shape: output multiplier, readout start")
     _shape_panel(axes[0][1], frame, result, "standard", "width")

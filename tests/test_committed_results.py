@@ -185,7 +185,12 @@ def test_the_exploratory_base_extension_leaves_the_base_optimum_unlocated_as_its
     result = hp_transfer2.outcome(HP_TRANSFER2, extension)
     base_shape = next(row for row in result["shapes"] if (row["parametrization"], row["size"]) == ("mup", 64))
     assert base_shape["status"] == "unresolved" and base_shape["runs"] == 21
-    assert base_shape["best_rate"] < 2.5e-3 / 5  # "ten times below the lowest rate tried"
-    assert {verdict["verdict"] for verdict in result["criterion"].values()} <= {"inconclusive", "incomplete"}
+    assert base_shape["best_rate"] < 2.5e-3 / 10  # "ten times below the lowest rate tried"
     readme = (extension / "README.md").read_text()
     assert "still not located" in readme and f"vertex at {base_shape['best_rate']:.1e}".replace("e-0", "e-") in readme
+    # The README's table: each new rate's seeds and mean, as the records have them.
+    frame = hp_transfer2.runs(extension)
+    for rate, label in ((2.5e-3, "2.5e-3"), (3.54e-3, "3.54e-3")):
+        losses = frame[frame["peak_lr"] == rate].sort_values("seed")["loss"].tolist()
+        row = f"| {label} (new) | " + " | ".join(f"{loss:.4f}" for loss in losses) + f" | {sum(losses) / 3:.4f} |"
+        assert row in readme, row

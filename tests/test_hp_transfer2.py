@@ -10,6 +10,7 @@ import pytest
 
 from analysis import __main__ as analysis_cli
 from analysis import hp_transfer2 as design
+from analysis.errors import AnalysisInputError
 from helpers import REPO
 from sweeps import spec
 
@@ -246,6 +247,11 @@ def test_the_exploratory_base_extension_joins_the_base_fit_and_leaves_the_regist
                               str(extension / "hp_transfer2"), "--figure", str(tmp_path / "x.png")]) == 0
     assert capsys.readouterr().out.startswith("EXPLORATORY, not the registered outcome")
     assert (tmp_path / "x.png").stat().st_size > 0
+    with pytest.raises(AnalysisInputError, match="no finished run of the base extension"):
+        design.outcome(tmp_path / "hp_transfer2", tmp_path / "hp_transfer2")  # a folder without its runs
+    assert analysis_cli.main(["hp-transfer2", str(tmp_path / "hp_transfer2"), "--decisions", "--base-extension",
+                              str(extension / "hp_transfer2")]) == 2
+    assert "drop --base-extension" in capsys.readouterr().err
 
 
 def test_the_base_extension_sweep_extends_stage_ones_choice_by_the_stage3_rule_and_changes_nothing_else():

@@ -38,6 +38,9 @@ def test_a_finished_runs_wandb_log_is_complete_even_when_wandbs_service_writes_i
 
     from scaling.run.track import finish_wandb_run, open_wandb_run
 
+    from scaling.run import track
+
+    monkeypatch.setattr(track, "_SERVICE_STUCK", False)
     close_stream = service_connection.ServiceConnection.inform_finish
     monkeypatch.setattr(service_connection.ServiceConnection, "inform_finish",
                         lambda self, run_id: threading.Timer(2.0, close_stream, (self, run_id)).start())
@@ -50,6 +53,44 @@ def test_a_finished_runs_wandb_log_is_complete_even_when_wandbs_service_writes_i
     assert [float(item.value_json) for record in records if record.WhichOneof("record_type") == "history"
             for item in record.history.item if ("/".join(item.nested_key) or item.key) == "loss"] == [2., 4., 6.]
     assert records[-1].WhichOneof("record_type") == "exit"
+
+
+def test_a_stuck_wandb_service_is_waited_for_once_per_process(tmp_path, monkeypatch, capsys):
+    """The service never closes the streams (never writes the files): the first finished run waits, warns and
+    marks the service stuck; the next run of the process (a pack's next member) does not wait again."""
+    from wandb.sdk.lib.service import service_connection
+
+    from scaling.run import track
+
+    monkeypatch.setattr(track, "_SERVICE_STUCK", False)
+    monkeypatch.setattr(track, "FINISH_WRITE_SECONDS", 0.3)
+    monkeypatch.setattr(service_connection.ServiceConnection, "inform_finish", lambda self, run_id: None)
+    waits = []
+    wait = track.wait_for_transaction_log
+    monkeypatch.setattr(track, "wait_for_transaction_log",
+                        lambda path, seconds: waits.append(path) or wait(path, seconds))
+    for name in ("stuck0first", "stuck0second"):
+        run = track.open_wandb_run(tmp_path / name, mode="offline", project="p", id=name)
+        run.log({"loss": 1.0}, step=1)
+        track.finish_wandb_run(run, tmp_path / name)
+    assert [path.name for path in waits] == ["run-stuck0first.wandb"]
+    assert "still lacks its exit record" in capsys.readouterr().err
+
+
+def test_records_spanning_the_logs_32_kib_blocks_are_read_whole(tmp_path):
+    from scaling.run.track import finish_wandb_run, open_wandb_run
+
+    run = open_wandb_run(tmp_path, mode="offline", project="p", id="many0rows",
+                         config={"notes": "x" * 70_000})  # one record longer than two blocks
+    for step in range(1, 2001):
+        run.log({"loss": 1.0 / step, "text_of_some_length": "y" * 40}, step=step)
+    finish_wandb_run(run, tmp_path)
+    (log,) = tmp_path.glob("wandb/offline-run-*/run-many0rows.wandb")
+    assert log.stat().st_size > 4 * 32768
+    records = list(transaction_log_records(log))
+    steps = [record.history.step.num for record in records if record.WhichOneof("record_type") == "history"]
+    assert steps == list(range(1, 2001))
+    assert any(b"x" * 70_000 in record.SerializeToString() for record in records)  # the long record, whole
 
 
 def test_waiting_for_a_wandb_log_ends_when_its_exit_record_lands(tmp_path):

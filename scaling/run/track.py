@@ -224,10 +224,15 @@ def finish_wandb_run(run, directory, exit_code: int = 0) -> None:
     # finish() returns once wandb's service has the exit record, but the service writes its buffered records
     # to the run's .wandb file only when it closes the run's stream, which it does after finish() returns
     # (the close request is not waited on). Under load that write comes seconds later, so a copy made (or a
-    # file read) at once would lack the history. Wait until the file ends in the exit record.
-    if not wait_for_transaction_log(transaction_log, FINISH_WRITE_SECONDS):
+    # file read) at once would lack the history: wait until the file holds the exit record. Once a wait
+    # has timed out (the service is stuck), later runs of this process do not wait: a pack's runs finish
+    # one after another, and a stuck service must not hold each of them up.
+    global _SERVICE_STUCK
+    if run.offline and not _SERVICE_STUCK and not wait_for_transaction_log(transaction_log, FINISH_WRITE_SECONDS):
+        _SERVICE_STUCK = True
         print(f"warning: wandb's log {transaction_log} still lacks its exit record {FINISH_WRITE_SECONDS:.0f} s "
-              "after the run finished; metrics.jsonl holds every logged metric", file=sys.stderr)
+              "after the run finished (later runs of this process will not wait); metrics.jsonl holds every "
+              "logged metric", file=sys.stderr)
     if not (is_remote(directory) and run.offline):
         return
     from scaling.store.storage import copy_folder_to
@@ -240,8 +245,10 @@ def finish_wandb_run(run, directory, exit_code: int = 0) -> None:
     shutil.rmtree(folder.parent.parent, ignore_errors=True)  # open_wandb_run's local folder
 
 
-# How long finish_wandb_run waits for wandb's service to write a finished run's .wandb file (seconds).
+# How long finish_wandb_run waits for wandb's service to write a finished offline run's .wandb file
+# (seconds), and whether a wait of this process has already timed out.
 FINISH_WRITE_SECONDS = 60.0
+_SERVICE_STUCK = False
 
 
 def transaction_log_records(path):
@@ -276,13 +283,16 @@ def wait_for_transaction_log(path, seconds: float) -> bool:
     ``run.finish`` sends last); True when it does."""
     from google.protobuf.message import DecodeError
 
-    deadline = time.monotonic() + seconds
+    deadline, parsed_size = time.monotonic() + seconds, None
     while True:
         try:
-            if any(record.WhichOneof("record_type") == "exit" for record in transaction_log_records(path)):
-                return True
+            size = os.path.getsize(path)
+            if size != parsed_size:  # parse again only once the file has grown
+                parsed_size = size
+                if any(record.WhichOneof("record_type") == "exit" for record in transaction_log_records(path)):
+                    return True
         except (OSError, DecodeError):  # not written yet, or caught mid-write
-            pass
+            parsed_size = None
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
