@@ -66,14 +66,14 @@ import sys
 from scaling import cli, hardware
 from scaling.store.storage import StorageAccessError, check_access, is_remote, write_atomic
 from sweeps import busy as busy_lib
-from sweeps import hosts, packing
+from sweeps import hosts, packing, tracking
 from sweeps import spec as spec_lib
 from sweeps.cloud import command as cloud_command
 from sweeps.launch_parser import build_parser
 from sweeps.preflight_plan import kept_estimates, planned_runs, preflight_estimates
 from sweeps.spec import RunSpec, Sweep
-from sweeps.state import (TO_TRAIN, RunState, counts, counts_line, foreign_note, read_states, run_table,
-                          skipped_lines, summary, text_table, unreadable_lines)
+from sweeps.state import (TO_TRAIN, RunState, agree_on_runs, agreed_start_steps, counts, counts_line, foreign_note,
+                          read_states, run_table, skipped_lines, summary, text_table, unreadable_lines)
 
 class LauncherError(ValueError):
     """Bad input to the launcher; printed as one line, exit status 2."""
@@ -284,7 +284,7 @@ def status_json(sweep: Sweep, states: list[RunState], skipped, which: str, workd
 
 def cmd_run(sweep: Sweep, args) -> int:
     """Train this process's share, cheapest run first (``sweeps/run_loop.py``), then print the summary."""
-    missing = wandb_missing(sweep)
+    missing = tracking.wandb_missing(sweep)
     if missing:
         raise LauncherError(missing)
     runs, skipped = sweep.expand()
@@ -332,27 +332,11 @@ def cmd_run(sweep: Sweep, args) -> int:
         # Only when this launch had runs to train: a no-op rerun of a finished sweep would otherwise add
         # another (offline) wandb run holding the same table each time.
         if todo and writes_sweep:
-            _log_sweep_to_wandb(sweep, all_states, epath.Path(args.workdir) / sweep.name)
+            tracking.log_sweep(sweep, all_states, epath.Path(args.workdir) / sweep.name)
     mine_ids = {run.run_id for run in mine}
     if loop.failed or any(s.status == "failed" for s in all_states if s.spec.run_id in mine_ids):
         return 1
     return PREEMPTED_EXIT_CODE if loop.busy else 0  # busy: held elsewhere with --when-busy exit; retry later
-
-
-def wandb_missing(sweep: Sweep) -> str | None:
-    """Why the sweep's runs cannot log to wandb here (one line), or None: its ``wandb_mode`` needs wandb and
-    wandb is not installed. Checked before any run starts, so that no run is recorded failed for it."""
-    import importlib.util
-
-    from scaling.run.track import wandb_mode
-
-    mode = wandb_mode(sweep.base.wandb_mode)
-    if mode == "disabled" or importlib.util.find_spec("wandb") is not None:
-        return None
-    return (f"wandb_mode={mode} needs wandb, which is not installed: pip install wandb, or add "
-            "--set wandb_mode=disabled (run ids stay the same; metrics.jsonl keeps every metric)")
-
-
 
 
 def _run_summary(sweep: Sweep, states: list[RunState], mine: list, args, pack: int) -> str:
@@ -405,57 +389,6 @@ def _runs_to_train(sweep: Sweep, runs, skipped, mine: list[RunSpec], which: str,
         if state.status == "unreadable":
             say(f"{state.spec.name}: {state.record['error']}; it will be trained again")
     return todo
-
-
-def _log_sweep_to_wandb(sweep: Sweep, states: list[RunState], sweep_dir) -> None:
-    """One wandb run of job_type "sweep" in the sweep's group: the sweep config and the results table.
-
-    Opened only after the training runs are done, because wandb keeps one
-    active run per process and the trainer's runs come first.
-    """
-    from scaling.run.track import finish_wandb_run, open_wandb_run
-
-    run = open_wandb_run(sweep_dir, mode=sweep.base.wandb_mode, project=sweep.base.wandb_project, group=sweep.name,
-                         job_type="sweep", name=f"{sweep.name}-sweep", id=f"sweep-{sweep.digest()}",
-                         config=sweep.to_dict())
-    if run is None:
-        return
-    import wandb
-
-    columns = ["name", "run_id", "depth", "width", "params", "seed", "peak_lr", "status", "final_eval_loss"]
-    table = wandb.Table(columns=columns, data=[[s.to_dict()[c] for c in columns] for s in states])
-    run.log({"runs": table, **{f"runs_{status}": n for status, n in counts(states).items()}})
-    finish_wandb_run(run, sweep_dir)
-
-
-def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
-    """Process 0's list of runs to train, in its order, on every process of a multi-process job.
-
-    Each host reads run records from the shared work directory itself, and a
-    host may see a ``result.json`` that another does not yet; if they then
-    trained different runs, they would wait for each other forever in the
-    first collective. Every process must also have expanded the same sweep
-    (same code, sweep file and ``--set``); otherwise all of them stop here.
-    """
-    from scaling import multihost
-
-    if not multihost.all_agree(int(sweep.digest()[:7], 16)):
-        raise LauncherError("the processes expanded different sweeps (sweep file, --set or code differ); "
-                            "run the same commit and command on every host")
-    position = {state.spec.run_id: i for i, state in enumerate(states)}
-    agreed = multihost.broadcast_ints_from_process_0([position[state.spec.run_id] for state in todo])
-    return [states[i] for i in agreed]
-
-
-def agreed_start_steps(todo: list[RunState]):
-    """``start_step(run)`` for ``packing.plan_packs``: the step each run of ``todo`` resumes from (its newest
-    checkpoint, 0 for none), as process 0 read it, so that every process plans the same packs (the trainer
-    restores from process 0's listing too)."""
-    from scaling import multihost
-
-    steps = multihost.broadcast_ints_from_process_0([state.checkpoint_step or 0 for state in todo])
-    by_id = {state.spec.run_id: int(step) for state, step in zip(todo, steps)}
-    return lambda run: by_id[run.run_id]
 
 
 def cmd_hosts(args) -> int:

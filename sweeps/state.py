@@ -1,7 +1,9 @@
 """What a sweep's work directory says: each run's state, tables of runs, and the end-of-sweep summary.
 
 Reading never imports the trainer or starts JAX, so ``list`` and ``status``
-work on a TPU worker whose chips a training process holds.
+work on a TPU worker whose chips a training process holds. In a job of several
+processes, ``agree_on_runs`` and ``agreed_start_steps`` then share process 0's
+reading with every process (through JAX, which ``run`` has started by then).
 """
 
 from __future__ import annotations
@@ -94,6 +96,45 @@ def foreign_run_dirs(sweep: Sweep, runs: list[RunSpec], workdir) -> list[str]:
 
 # ---------------------------------------------------------------------------
 # Tables
+
+
+# ---------------------------------------------------------------------------
+# One reading for every process of a multi-process job
+
+
+class SweepMismatch(ValueError):
+    """The processes of one job expanded different sweeps."""
+
+
+def agree_on_runs(sweep: Sweep, states: list[RunState], todo: list[RunState]) -> list[RunState]:
+    """Process 0's list of runs to train, in its order, on every process of a multi-process job.
+
+    Each host reads run records from the shared work directory itself, and a
+    host may see a ``result.json`` that another does not yet; if they then
+    trained different runs, they would wait for each other forever in the
+    first collective. Every process must also have expanded the same sweep
+    (same code, sweep file and ``--set``); otherwise all of them stop here.
+    """
+    from scaling import multihost
+
+    if not multihost.all_agree(int(sweep.digest()[:7], 16)):
+        raise SweepMismatch("the processes expanded different sweeps (sweep file, --set or code differ); "
+                            "run the same commit and command on every host")
+    position = {state.spec.run_id: i for i, state in enumerate(states)}
+    agreed = multihost.broadcast_ints_from_process_0([position[state.spec.run_id] for state in todo])
+    return [states[i] for i in agreed]
+
+
+def agreed_start_steps(todo: list[RunState]):
+    """``start_step(run)`` for ``packing.plan_packs``: the step each run of ``todo`` resumes from (its newest
+    checkpoint, 0 for none), as process 0 read it, so that every process plans the same packs (the trainer
+    restores from process 0's listing too)."""
+    from scaling import multihost
+
+    steps = multihost.broadcast_ints_from_process_0([state.checkpoint_step or 0 for state in todo])
+    by_id = {state.spec.run_id: int(step) for state, step in zip(todo, steps)}
+    return lambda run: by_id[run.run_id]
+
 
 
 def run_table(states: list[RunState], multiple_of: int | None = None, packs: dict[str, str] | None = None) -> str:
