@@ -49,7 +49,7 @@ import json
 import sys
 from pathlib import Path
 
-from scaling.config import override
+from scaling.overrides import override
 from sweeps import preflight, spec
 from sweeps.preflight import compile_cache, prices
 

@@ -34,7 +34,7 @@ def parser(prog: str):
 
 def resolved(args):
     """(what was read, the ``TrainConfig`` with the overrides applied); ``ValueError`` for unusable input."""
-    from scaling.config import override
+    from scaling.overrides import override
     from scaling.train import load_config
 
     if (args.run_dir is None) == (args.config is None):
@@ -50,7 +50,8 @@ def resolved(args):
 
 def lines(config) -> list[str]:
     """``key = value`` for every field of ``config`` (values as JSON), keys aligned."""
-    from scaling.config import dotted_keys, to_dict
+    from scaling.config import to_dict
+    from scaling.overrides import dotted_keys
 
     data = to_dict(config)
     keys = dotted_keys(data)

@@ -16,7 +16,8 @@ import os
 import sys
 
 from scaling import cli, python_file
-from scaling.config import DataConfig, ModelConfig, TrainConfig, from_dict, override
+from scaling.config import DataConfig, ModelConfig, TrainConfig, from_dict
+from scaling.overrides import override
 from scaling.store.storage import StorageAccessError, check_access, is_remote
 
 # The trainer's public names, for code that imported them from ``scaling.train`` before the rooms existed:

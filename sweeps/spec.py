@@ -38,7 +38,8 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from scaling import python_file
-from scaling.config import TrainConfig, config_id, override, to_dict
+from scaling.config import TrainConfig, config_id, to_dict
+from scaling.overrides import override
 from scaling.model import budget
 from scaling.model.flops import training_flops_per_token
 

@@ -7,7 +7,8 @@ import pytest
 
 from helpers import REPO
 from scaling.config import (DataConfig, ModelConfig, OptimConfig, PositionEncoding, TrainConfig, choices, config_id,
-                            from_dict, override, to_dict)
+                            from_dict, to_dict)
+from scaling.overrides import override
 
 
 @pytest.mark.parametrize("field,kwargs", [

@@ -8,7 +8,8 @@ import pytest
 
 import tiny
 from scaling import train as train_cli
-from scaling.config import config_id, from_dict, override, to_dict, TrainConfig
+from scaling.config import config_id, from_dict, to_dict, TrainConfig
+from scaling.overrides import override
 
 
 def command(capsys, *argv):

@@ -133,7 +133,7 @@ def test_each_architecture_gives_the_projects_logits(tmp_path, changes, model_ty
     ("model.objective=masked", "not a causal language model"),
 ])
 def test_what_transformers_cannot_compute_is_refused_in_one_line(tmp_path, capsys, change, named):
-    from scaling.config import override
+    from scaling.overrides import override
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -11,7 +11,8 @@ import pytest
 
 import helpers
 from model_params import init_params
-from scaling.config import ModelConfig, TrainConfig, config_id, override
+from scaling.config import ModelConfig, TrainConfig, config_id
+from scaling.overrides import override
 from scaling.model import budget, flops
 from scaling.model.transformer import Transformer, _ACTIVATIONS, rotary_positions
 

@@ -10,7 +10,8 @@ import pytest
 
 import tiny
 from model_params import init_params
-from scaling.config import ModelConfig, OptimConfig, TrainConfig, _identity, config_id, override
+from scaling.config import ModelConfig, OptimConfig, TrainConfig, _identity, config_id
+from scaling.overrides import override
 from scaling.data import pipeline as data
 from scaling.model import mesh as mesh_lib, optim as optim_lib, parametrization, program as program_lib
 from scaling.model.parametrization import Multipliers

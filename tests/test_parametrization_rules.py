@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 from model_params import init_params
-from scaling.config import ModelConfig, OptimConfig, TrainConfig, config_id, override
+from scaling.config import ModelConfig, OptimConfig, TrainConfig, config_id
+from scaling.overrides import override
 from scaling.model import optim as optim_lib, parametrization
 from scaling.model.transformer import attention_logit_scale
 

@@ -29,7 +29,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from scaling.config import MeshConfig, TrainConfig, from_dict, override
+from scaling.config import MeshConfig, TrainConfig, from_dict
+from scaling.overrides import override
 from scaling.data import pipeline as data
 from scaling.data.token_cache import SPECIAL_TOKENS
 from scaling.model import mesh as mesh_lib
