@@ -234,20 +234,39 @@ def shape_fits(frame: pd.DataFrame, base: dict | None, base_fit: Fit | None) -> 
     return fits
 
 
+def _slope(fits: dict, name: str, axis: str, sizes: list[int]) -> dict:
+    """Least-squares slope of the best log2 rate against log2(size) over ``sizes``, its interval over
+    the shapes' shared resamples, and the resampled slopes."""
+    chosen = [fits[name, axis, size] for size in sizes]
+    x = np.log2(np.array(sizes, float))
+    x = x - x.mean()
+    replicates = np.stack([found.replicates for found in chosen], axis=1) @ x / np.dot(x, x)
+    tail = 100 * (1 - LEVEL) / 2
+    low, high = np.nanpercentile(replicates, [tail, 100 - tail])
+    return {"drift": float(np.dot(x, [found.vertex for found in chosen]) / np.dot(x, x)),
+            "interval": [float(low), float(high)], "replicates": replicates}
+
+
 def drift(fits: dict, name: str, axis: str) -> dict | None:
     """Slope of the best log2 rate against log2(size) along ``axis`` for ``name``, its interval, and its
     resampled values; None while a shape waits or is unresolved."""
     sizes = WIDTHS if axis == "width" else DEPTHS
-    chosen = [fits[name, axis, size] for size in sizes]
-    if any(found is None or not found.resolved for found in chosen):
+    if any(fits[name, axis, size] is None or not fits[name, axis, size].resolved for size in sizes):
         return None
-    x = np.log2(np.array(sizes, float))
-    x = x - x.mean()
-    point = float(np.dot(x, [found.vertex for found in chosen]) / np.dot(x, x))
-    replicates = np.stack([found.replicates for found in chosen], axis=1) @ x / np.dot(x, x)
-    tail = 100 * (1 - LEVEL) / 2
-    low, high = np.nanpercentile(replicates, [tail, 100 - tail])
-    return {"drift": point, "interval": [float(low), float(high)], "replicates": replicates}
+    return _slope(fits, name, axis, list(sizes))
+
+
+def located_drift(fits: dict, name: str, axis: str) -> dict | None:
+    """Descriptive, never a verdict (README, "Descriptive readings"): ``drift``'s slope over only the
+    shapes of ``axis`` whose optimum is located, with its interval and the sizes used; None with fewer
+    than 2 located shapes."""
+    sizes = [size for size in (WIDTHS if axis == "width" else DEPTHS)
+             if fits[name, axis, size] is not None and fits[name, axis, size].resolved]
+    if len(sizes) < 2:
+        return None
+    found = _slope(fits, name, axis, sizes)
+    return {"parametrization": name, "axis": axis, "sizes": sizes, "drift": found["drift"],
+            "interval": found["interval"]}
 
 
 def criterion(fits: dict) -> dict:
@@ -364,10 +383,6 @@ def budget(directory) -> list[dict]:
 
 
 # ---------------------------------------------------------------- report
-def _rate(x: float) -> str:
-    return f"{2 ** x:.3g}" if np.isfinite(x) else "-"
-
-
 def base_extension_runs(directory, base: dict) -> pd.DataFrame:
     """The exploratory extension of the base shape (README, "Exploratory addition";
     ``sweeps/configs/hp_transfer2_base_extension.py``): its runs in ``directory``, tagged as the chosen base
@@ -419,17 +434,15 @@ def outcome(directory, base_extension=None) -> dict:
                 if np.isfinite(found.min_loss) else None, "downward_resamples": found.nonconvex_share,
                 "diverged_rates": [2 ** x for x in found.diverged_rates]}
 
-    drifts = []
-    for axis, names in COMPARED.items():
-        for name in names:
-            found = drift(fits2, name, axis)
-            if found is not None:
-                drifts.append({"parametrization": name, "axis": axis, "drift": found["drift"],
-                               "interval": found["interval"]})
+    drifts = [{"parametrization": name, "axis": axis, "drift": found["drift"], "interval": found["interval"]}
+              for axis, names in COMPARED.items() for name in names
+              if (found := drift(fits2, name, axis)) is not None]
     result = {"base": [{"tag": tag, **described(found)} for tag, found in fits1.items()], "chosen": base,
               "shapes": [{"parametrization": name, "axis": axis, "size": size, **described(found)}
                          for (name, axis, size), found in fits2.items()],
-              "drifts": drifts, "criterion": criterion(fits2), "budget": budget(directory)}
+              "drifts": drifts, "criterion": criterion(fits2), "budget": budget(directory),
+              "located_drifts": [found for axis, names in COMPARED.items() for name in names
+                                 if (found := located_drift(fits2, name, axis)) is not None]}
     return result if exploratory is None else {"exploratory": exploratory, **result}
 
 
@@ -463,6 +476,13 @@ def markdown(result: dict) -> str:
     for row in result["drifts"]:
         lines.append(f"| {row['parametrization']} | {row['axis']} | {row['drift']:+.3f} | "
                      f"{row['interval'][0]:+.3f} to {row['interval'][1]:+.3f} |")
+    if result.get("located_drifts"):
+        lines += ["", "Descriptive, not part of the criterion: the drift over the located shapes only",
+                  "", "| parametrization | axis | sizes | drift (log2 rate per doubling) | 95% interval |",
+                  "|---|---|---|---|---|"]
+        for row in result["located_drifts"]:
+            lines.append(f"| {row['parametrization']} | {row['axis']} | {', '.join(map(str, row['sizes']))} | "
+                         f"{row['drift']:+.3f} | {row['interval'][0]:+.3f} to {row['interval'][1]:+.3f} |")
     lines += ["", "| stage | packs | wall-clock hours | budgeted |", "|---|---|---|---|"]
     for row in result["budget"]:
         over = " (over by more than half)" if row["hours"] > 1.5 * row["budgeted_hours"] else ""

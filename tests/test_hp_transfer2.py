@@ -159,6 +159,31 @@ def test_an_optimum_beyond_the_grid_is_unresolved_and_gets_the_extension(tmp_pat
         {"parametrization": "mup", "axis": "width", "size": 512, "indices": [3, 4]}]
 
 
+def test_the_descriptive_drift_uses_only_the_located_shapes_and_never_a_verdict(tmp_path):
+    _plant(tmp_path, drifts={("standard", "depth"): -0.5})
+    for pattern in ("mup-w512-*", "mup-w256-*"):  # both optima moved 5 lattice steps above their grids
+        for path in (tmp_path / "hp_transfer2").glob(pattern):
+            record = json.loads((path / "result.json").read_text())
+            record["final_eval_loss"] = _loss(record["peak_lr"], 1e-2 * 2 ** 2.5, record["seed"])
+            (path / "result.json").write_text(json.dumps(record))
+    result = design.outcome(tmp_path / "hp_transfer2")
+    located = {(row["parametrization"], row["axis"]): row for row in result["located_drifts"]}
+    assert located["mup", "width"]["sizes"] == [64, 128]
+    assert located["mup", "width"]["drift"] == pytest.approx(0.0, abs=0.05)
+    assert located["standard", "depth"]["sizes"] == [2, 4, 8, 16]
+    assert located["standard", "depth"]["drift"] == pytest.approx(-0.5, abs=0.05)
+    low, high = located["standard", "depth"]["interval"]
+    assert low < located["standard", "depth"]["drift"] < high
+    registered = {(row["parametrization"], row["axis"]): row for row in result["drifts"]}
+    assert ("mup", "width") not in registered and registered["standard", "depth"]["drift"] == pytest.approx(
+        located["standard", "depth"]["drift"])  # all four located: the same slope as the registered one
+    assert result["criterion"]["width"]["verdict"] == "inconclusive"
+    text = design.markdown(result)
+    assert "Descriptive, not part of the criterion" in text and "| mup | width | 64, 128 |" in text
+    fits = {("mup", "width", size): None for size in design.WIDTHS}
+    assert design.located_drift(fits, "mup", "width") is None  # fewer than 2 located shapes: nothing to draw
+
+
 def test_the_vertex_and_its_bootstrap_are_those_of_a_least_squares_parabola():
     x = np.log2([1e-3, 2e-3, 4e-3, 8e-3])
     vertex, lowest = design._vertices(x, 1.0 + (x - np.log2(3e-3)) ** 2)
