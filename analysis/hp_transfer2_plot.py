@@ -19,6 +19,19 @@ import pandas as pd
 from analysis import hp_transfer2 as design
 
 
+def _rate_ticks(panel):
+    """Short rate labels (``3e-3``) at 1, 2 and 5 times each power of ten: matplotlib's default labels every
+    minor tick of an axis spanning under a decade, and they overlap."""
+    from matplotlib import ticker
+
+    def label(value, _):
+        mantissa, exponent = f"{value:.0e}".split("e")
+        return f"{mantissa}e{int(exponent)}" if mantissa in ("1", "2", "5") else ""
+
+    panel.xaxis.set_major_formatter(ticker.FuncFormatter(label))
+    panel.xaxis.set_minor_formatter(ticker.FuncFormatter(label))
+
+
 def _curve(panel, points: pd.DataFrame, label: str, color=None, result_row: dict | None = None):
     """One curve: seed means and ranges at each rate, the parabola through all runs, the vertex and its interval."""
     finished = points[points["status"] == "finished"]
@@ -52,6 +65,7 @@ def _shape_panel(panel, frame: pd.DataFrame, result: dict, name: str, axis: str)
             _curve(panel, points, f"{axis} {size}", result_row=rows.get((name, axis, size)))
     fixed = f"depth {design.BASE_DEPTH}" if axis == "width" else f"width {design.BASE_WIDTH}"
     panel.set(xscale="log", xlabel="peak learning rate", title=f"{name}: {axis}s at {fixed}")
+    _rate_ticks(panel)
 
 
 def _best_rate_panel(panel, result: dict):
@@ -65,10 +79,18 @@ def _best_rate_panel(panel, result: dict):
                 best = np.array([row["best_rate"] for row in rows])
                 low = np.array([row["interval"][0] for row in rows])
                 high = np.array([row["interval"][1] for row in rows])
+                located = next((row for row in result.get("located_drifts", ())
+                                if (row["parametrization"], row["axis"]) == (name, axis)), None)
+                slope = f": {located['drift']:+.2f} per doubling" if located else ""
                 panel.errorbar(sizes, best, yerr=[best - low, high - best], marker="o", capsize=3,
-                               label=f"{name}, {axis}")
+                               label=f"{name}, {axis}{slope}")
     panel.set(xscale="log", yscale="log", xlabel="size / base size (width or depth)", ylabel="best rate",
-              title="best rate (vertex) with 95% interval")
+              title="best rate (vertex), 95% interval; drift over these (descriptive)")
+    from matplotlib import ticker
+
+    panel.xaxis.set_major_locator(ticker.FixedLocator([2, 4, 8]))
+    panel.xaxis.set_major_formatter(ticker.FormatStrFormatter("×%d"))
+    panel.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def figure(frame: pd.DataFrame, result: dict, path) -> None:
@@ -92,6 +114,7 @@ def figure(frame: pd.DataFrame, result: dict, path) -> None:
                                and row["axis"] == "width")
                 _curve(base, points, tag.removeprefix("base-"), result_row=row)
     base.set(xscale="log", xlabel="peak learning rate", title="base shape: output multiplier, readout start")
+    _rate_ticks(base)
     _shape_panel(axes[0][1], frame, result, "standard", "width")
     _shape_panel(axes[0][2], frame, result, "mup", "width")
     _best_rate_panel(axes[1][0], result)
