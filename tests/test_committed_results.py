@@ -174,6 +174,41 @@ def test_hp_transfer2_reports_are_what_their_commands_print():
         assert same_report(printed, committed), name
 
 
+def _rate_with_interval(best: float, low: float, high: float) -> str:
+    """``2.03e-3 (0.382–2.83e-3)``: three significant digits, the interval in the best rate's power of ten."""
+    power = math.floor(math.log10(best))
+    mantissa = lambda value: f"{value / 10 ** power:#.3g}"  # noqa: E731
+    return f"{mantissa(best)}e{power} ({mantissa(low)}–{mantissa(high)}e{power})"
+
+
+def test_hp_transfer2_readme_outcome_is_the_committed_outcome():
+    """results/hp_transfer2/README.md, "Outcome": its verdicts, best-rate table and descriptive drifts are
+    those of outcome.json (which the test above holds to the command)."""
+    outcome_path = HP_TRANSFER2 / "outcome.json"
+    if not outcome_path.is_file():
+        pytest.skip("results/hp_transfer2 has no outcome yet")
+    outcome = json.loads(outcome_path.read_text())
+    readme = (HP_TRANSFER2 / "README.md").read_text()
+    verdicts = {axis: found["verdict"] for axis, found in outcome["criterion"].items()}
+    assert f"**Registered verdicts: {verdicts['width']} along width, {verdicts['depth']} along depth.**" in readme
+    shapes = {(row["parametrization"], row["axis"], row["size"]): row for row in outcome["shapes"]}
+    for name, axis, label in (("mup", "width", "μP"), ("standard", "width", "standard"),
+                              ("completep", "depth", "CompleteP"), ("standard", "depth", "standard")):
+        sizes = (128, 256, 512) if axis == "width" else (4, 8, 16)
+        cells = [_rate_with_interval(shapes[name, axis, size]["best_rate"], *shapes[name, axis, size]["interval"])
+                 for size in sizes]
+        row = (f"| {label}, {axis} {' / '.join(map(str, sizes))} | " + " | ".join(cells)
+               + f" | {shapes[name, axis, sizes[-1]]['loss_at_best']:.3f} |")
+        assert row in readme, row
+    for found in outcome["located_drifts"]:
+        low, high = found["interval"]
+        text = f"**{found['drift']:+.2f} ({low:+.2f} to {high:+.2f})**".replace("-", "−")
+        assert text in readme, text
+    hours = {row["stage"]: row["hours"] for row in outcome["budget"]}
+    assert f"{sum(hours.values()):.2f} wall-clock hours of the 10 stated" in readme
+    assert all(f"stage {stage} {value:.2f} h" in readme for stage, value in hours.items())
+
+
 def test_the_exploratory_base_extension_leaves_the_base_optimum_unlocated_as_its_readme_says():
     """results/hp_transfer2_base_extension/README.md: the 6 runs join the base shape's fit (21 runs) and its
     vertex stays far below every rate tried, so the exploratory verdicts cannot be drawn either."""
@@ -186,6 +221,8 @@ def test_the_exploratory_base_extension_leaves_the_base_optimum_unlocated_as_its
     base_shape = next(row for row in result["shapes"] if (row["parametrization"], row["size"]) == ("mup", 64))
     assert base_shape["status"] == "unresolved" and base_shape["runs"] == 21
     assert base_shape["best_rate"] < 2.5e-3 / 10  # "ten times below the lowest rate tried"
+    assert {axis: found["verdict"] for axis, found in result["criterion"].items()} == {
+        "width": "inconclusive", "depth": "inconclusive"}  # stage 3 complete: no axis waits
     readme = (extension / "README.md").read_text()
     assert "still not located" in readme and f"vertex at {base_shape['best_rate']:.1e}".replace("e-0", "e-") in readme
     # The README's table: each new rate's seeds and mean, as the records have them.
