@@ -88,5 +88,5 @@ def add_commands(commands, command) -> None:
     output.add_argument("--decisions", action="store_true",
                         help="print the next stage's decisions (base settings, grid extensions) as JSON")
     transfer2.add_argument("--figure", metavar="PATH", help="also draw loss against rate per shape (PNG/PDF)")
-    transfer2.add_argument("--base-extension", metavar="DIR",
-                           help="exploratory: the base shape's fit also takes this sweep's runs (README)")
+    transfer2.add_argument("--base-extension", metavar="DIR", nargs="+",
+                           help="exploratory: the base shape's fit also takes these sweeps' runs (README)")

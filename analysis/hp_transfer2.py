@@ -383,21 +383,23 @@ def budget(directory) -> list[dict]:
 
 
 # ---------------------------------------------------------------- report
-def base_extension_runs(directory, base: dict) -> pd.DataFrame:
-    """The exploratory extension of the base shape (README, "Exploratory addition";
-    ``sweeps/configs/hp_transfer2_base_extension.py``): its runs in ``directory``, tagged as the chosen base
-    setting's so that they join that setting's fit."""
-    added = runs(directory)
-    added = added[added["tag"] == base["tag"] + "-x"].assign(tag=base["tag"])
-    if added.empty:
-        raise AnalysisInputError(f"{directory}: no finished run of the base extension ({base['tag']}-x-...); "
-                                 "its sweep is sweeps/configs/hp_transfer2_base_extension.py")
-    return added
+def base_extension_runs(directories, base: dict) -> pd.DataFrame:
+    """The exploratory extensions of the base shape (README, "Exploratory addition" and "Follow-up";
+    ``sweeps/configs/hp_transfer2_base_*.py``): the runs in ``directories`` (a list of folders), tagged as
+    the chosen base setting's so that they join that setting's fit. Each folder must hold some."""
+    found = []
+    for directory in directories:
+        added = runs(directory)
+        added = added[added["tag"] == base["tag"] + "-x"].assign(tag=base["tag"])
+        if added.empty:
+            raise AnalysisInputError(f"{directory}: no finished run of a base extension ({base['tag']}-x-...); "
+                                     "its sweeps are sweeps/configs/hp_transfer2_base_*.py")
+        found.append(added)
+    return pd.concat(found, ignore_index=True)
 
 
 def plotted_runs(directory, result: dict, base_extension=None) -> pd.DataFrame:
-    """The runs the figure draws: the experiment's, and with ``base_extension`` the exploratory extension's
-    as the chosen base setting's (``result`` is ``outcome``'s)."""
+    """The runs the figure draws: the experiment's, and the ``base_extension`` folders' as the base shape's."""
     frame = runs(directory)
     if base_extension is None or not result["chosen"]:
         return frame
@@ -407,7 +409,7 @@ def plotted_runs(directory, result: dict, base_extension=None) -> pd.DataFrame:
 def outcome(directory, base_extension=None) -> dict:
     """Everything the report prints: base tuning, per-shape fits, drifts and verdicts (JSON-ready).
 
-    With ``base_extension`` (the exploratory extension's directory) the base shape's fit also takes those
+    With ``base_extension`` (a list of exploratory extensions' folders) the base shape's fit also takes their
     runs, and only that fit changes: stage 1's choice and the stages' grids stay the registered records'.
     The result is then exploratory (``result["exploratory"]``), never the registered outcome."""
     frame = runs(directory)
@@ -420,7 +422,7 @@ def outcome(directory, base_extension=None) -> dict:
         # Waiting (None) until every seed of the extension's rates is in, as a stage-2 shape waits.
         chosen = fit(pd.concat([frame[frame["tag"] == base["tag"]], added], ignore_index=True), base["tag"]) \
             if complete(added, EXTENSION) else None
-        exploratory = {"base_extension": str(base_extension), "added_runs": len(added),
+        exploratory = {"base_extension": ", ".join(map(str, base_extension)), "added_runs": len(added),
                        "added_rates": sorted(float(rate) for rate in added["peak_lr"].unique())}
     fits2 = shape_fits(frame, base, chosen)
 
@@ -456,7 +458,7 @@ def markdown(result: dict) -> str:
         added = result["exploratory"]
         lines += [f"EXPLORATORY, not the registered outcome: the base shape's fit also takes {added['added_runs']} "
                   f"runs at rates {', '.join(f'{rate:.3g}' for rate in added['added_rates'])} from "
-                  f"{added['base_extension']} (README, \"Exploratory addition\")", ""]
+                  f"{added['base_extension']} (README: \"Exploratory addition\", \"Follow-up\")", ""]
     lines += ["Stage 1, base shape (output multiplier, readout start):", "",
              "| setting | status | runs | best rate | 95% interval | loss at best |", "|---|---|---|---|---|---|"]
     for row in result["base"]:

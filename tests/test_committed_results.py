@@ -217,7 +217,7 @@ def test_the_exploratory_base_extension_leaves_the_base_optimum_unlocated_as_its
     extension = REPO / "results" / "hp_transfer2_base_extension"
     assert sorted(json.loads(path.read_text())["code_version"] for path in extension.glob("*/result.json")) == \
         ["82b90a954c24"] * 6
-    result = hp_transfer2.outcome(HP_TRANSFER2, extension)
+    result = hp_transfer2.outcome(HP_TRANSFER2, [extension])
     base_shape = next(row for row in result["shapes"] if (row["parametrization"], row["size"]) == ("mup", 64))
     assert base_shape["status"] == "unresolved" and base_shape["runs"] == 21
     assert base_shape["best_rate"] < 2.5e-3 / 10  # "ten times below the lowest rate tried"

@@ -253,12 +253,12 @@ def test_the_exploratory_base_extension_joins_the_base_fit_and_leaves_the_regist
         for seed in design.SEEDS[:2]:
             lr = design.lattice_rate(k)
             _write(extension, "base-m2-zero-x", "mup", 2, 64, seed, lr, _loss(lr, best, seed))
-    waiting = design.outcome(tmp_path / "hp_transfer2", extension / "hp_transfer2")
+    waiting = design.outcome(tmp_path / "hp_transfer2", [extension / "hp_transfer2"])
     assert waiting["criterion"]["width"]["verdict"] == "incomplete"  # a seed of each rate still missing
     for k in (-3, -4):
         lr = design.lattice_rate(k)
         _write(extension, "base-m2-zero-x", "mup", 2, 64, 2, lr, _loss(lr, best, 2))
-    explored = design.outcome(tmp_path / "hp_transfer2", extension / "hp_transfer2")
+    explored = design.outcome(tmp_path / "hp_transfer2", [extension / "hp_transfer2"])
     assert explored["exploratory"]["added_runs"] == 6
     assert explored["chosen"] == registered["chosen"] and explored["base"] == registered["base"]
     base_shape = next(row for row in explored["shapes"] if (row["parametrization"], row["size"]) == ("mup", 64))
@@ -272,26 +272,30 @@ def test_the_exploratory_base_extension_joins_the_base_fit_and_leaves_the_regist
                               str(extension / "hp_transfer2"), "--figure", str(tmp_path / "x.png")]) == 0
     assert capsys.readouterr().out.startswith("EXPLORATORY, not the registered outcome")
     assert (tmp_path / "x.png").stat().st_size > 0
-    with pytest.raises(AnalysisInputError, match="no finished run of the base extension"):
-        design.outcome(tmp_path / "hp_transfer2", tmp_path / "hp_transfer2")  # a folder without its runs
+    with pytest.raises(AnalysisInputError, match="no finished run of a base extension"):
+        design.outcome(tmp_path / "hp_transfer2", [tmp_path / "hp_transfer2"])  # a folder without its runs
     assert analysis_cli.main(["hp-transfer2", str(tmp_path / "hp_transfer2"), "--decisions", "--base-extension",
                               str(extension / "hp_transfer2")]) == 2
     assert "drop --base-extension" in capsys.readouterr().err
 
 
-def test_the_base_extension_sweep_extends_stage_ones_choice_by_the_stage3_rule_and_changes_nothing_else():
-    """On the committed stage-1 records: the chosen setting is the sweep's, its rates are the ones the
-    stage-3 rule gives its curve, and each run's config is a stage-1 run's but for the rate and names."""
+@pytest.mark.parametrize("sweep_file", ["hp_transfer2_base_extension.py", "hp_transfer2_base_followup.py"])
+def test_the_base_extension_sweeps_extend_stage_ones_choice_downward_and_change_nothing_else(sweep_file):
+    """On the committed stage-1 records: the chosen setting is the sweep's; the extension's rates are the
+    ones the stage-3 rule gives its curve, the follow-up's the next 4 lattice rates below them (README,
+    "Follow-up"); each run's config is a stage-1 run's but for the rate and names."""
     records = REPO / "results" / "hp_transfer2"
     chosen = design.decisions(records)["base"]
-    extension = runpy.run_path(str(REPO / "sweeps" / "configs" / "hp_transfer2_base_extension.py"))
+    extension = runpy.run_path(str(REPO / "sweeps" / "configs" / sweep_file))
     assert design.base_tag(*extension["CHOSEN"]) == chosen["tag"]
     frame = design.runs(records)
     points = frame[frame["tag"] == chosen["tag"]]
     assert not design.fit(points, chosen["tag"]).resolved  # why the extension exists
-    assert list(extension["INDICES"]) == design.extension_indices(design.fit(points, chosen["tag"]), points,
-                                                                  list(design.BASE_STEPS))
-    added, _ = spec.load_sweep(REPO / "sweeps" / "configs" / "hp_transfer2_base_extension.py").expand()
+    first = design.extension_indices(design.fit(points, chosen["tag"]), points, list(design.BASE_STEPS))
+    lowest = min(first)
+    assert list(extension["INDICES"]) == (first if sweep_file == "hp_transfer2_base_extension.py"
+                                          else [lowest - k for k in range(1, 5)])
+    added, _ = spec.load_sweep(REPO / "sweeps" / "configs" / sweep_file).expand()
     stage1, _ = spec.load_sweep(SWEEP_FILE).expand()
     assert sorted(run.config.optim.peak_lr for run in added) == sorted(
         design.lattice_rate(k) for k in extension["INDICES"] for _ in design.SEEDS)
