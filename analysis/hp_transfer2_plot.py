@@ -88,7 +88,7 @@ def _best_rate_panel(panel, result: dict):
               title="best rate (vertex), 95% interval; drift over these (descriptive)")
     from matplotlib import ticker
 
-    panel.xaxis.set_major_locator(ticker.FixedLocator([2, 4, 8]))
+    panel.xaxis.set_major_locator(ticker.FixedLocator([1, 2, 4, 8]))
     panel.xaxis.set_major_formatter(ticker.FormatStrFormatter("×%d"))
     panel.xaxis.set_minor_formatter(ticker.NullFormatter())
 
@@ -127,7 +127,7 @@ def figure(frame: pd.DataFrame, result: dict, path) -> None:
         row[0].set_ylabel("final eval loss (nats/token)")
     axes[1][0].set_ylabel("best peak rate")
     if result.get("exploratory"):
-        plot.suptitle("EXPLORATORY: the base shape's fit takes the extension's runs (not the registered outcome)")
+        plot.suptitle("EXPLORATORY: the base shape's fit takes the extensions' runs (not the registered outcome)")
     plot.tight_layout()
     plot.savefig(path, dpi=120)
     plt.close(plot)

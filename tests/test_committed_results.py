@@ -231,3 +231,35 @@ def test_the_exploratory_base_extension_leaves_the_base_optimum_unlocated_as_its
         losses = frame[frame["peak_lr"] == rate].sort_values("seed")["loss"].tolist()
         row = f"| {label} (new) | " + " | ".join(f"{loss:.4f}" for loss in losses) + f" | {sum(losses) / 3:.4f} |"
         assert row in readme, row
+
+
+def test_the_base_followup_locates_the_base_shape_and_its_readme_gives_the_exploratory_verdicts():
+    """results/hp_transfer2_base_followup/README.md: with both extensions (33 runs at the base shape) the
+    base optimum is located, and the README's vertex, verdicts, drifts and table are what the records give."""
+    from analysis import hp_transfer2
+
+    folders = [REPO / "results" / "hp_transfer2_base_extension", REPO / "results" / "hp_transfer2_base_followup"]
+    assert sorted(json.loads(path.read_text())["code_version"] for path in folders[1].glob("*/result.json")) == \
+        ["c9661139b8c7"] * 12
+    result = hp_transfer2.outcome(HP_TRANSFER2, folders)
+    base_shape = next(row for row in result["shapes"] if (row["parametrization"], row["size"]) == ("mup", 64))
+    assert base_shape["status"] == "resolved" and base_shape["runs"] == 33
+    readme = (folders[1] / "README.md").read_text()
+    assert f"**{_rate_with_interval(base_shape['best_rate'], *base_shape['interval'])}**" in readme
+    verdicts = result["criterion"]
+    assert (f"**The follow-up's exploratory verdicts: {verdicts['width']['verdict']} along width, "
+            f"{verdicts['depth']['verdict']} along depth.**") in readme
+    signed = lambda value: f"{value:+.2f}".replace("-", "−")  # noqa: E731
+    for axis, name, label in (("width", "mup", "μP"), ("depth", "completep", "CompleteP")):
+        found = verdicts[axis]
+        ours, theirs, gap = found[f"{name}_interval"], found["standard_interval"], found["gap_interval"]
+        row = (f"| {label} {signed(found[f'{name}_drift'])} ({signed(ours[0])} to {signed(ours[1])}) | "
+               f"{signed(found['standard_drift'])} ({signed(theirs[0])} to {signed(theirs[1])}) | "
+               f"{signed(gap[0])} to {signed(gap[1])} |")
+        assert row in readme, row
+    frame = hp_transfer2.runs(folders[1])
+    for rate in sorted(frame["peak_lr"].unique()):
+        losses = frame[frame["peak_lr"] == rate].sort_values("seed")["loss"].tolist()
+        label = f"{rate:.2e}".replace("e-0", "e-")
+        row = f"| {label} (new) | " + " | ".join(f"{loss:.4f}" for loss in losses) + f" | {sum(losses) / 3:.4f} |"
+        assert row in readme, row
